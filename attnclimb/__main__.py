@@ -1,0 +1,53 @@
+"""Command line: ``python -m attnclimb build | bench | diff``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_build(args) -> int:
+    from . import rungs
+    from .runtime import CompileError, compile_rung
+
+    selected = [rungs.get(n) for n in args.rung] if args.rung else list(rungs.RUNGS)
+    rows, failed = [], []
+    for r in selected:
+        try:
+            c = compile_rung(r, arch=args.arch, use_cache=not args.no_cache)
+        except CompileError as exc:
+            print(exc, file=sys.stderr)
+            failed.append(r.key)
+            continue
+        for res in c.resources:
+            rows.append((r.key, res.kernel, res.registers, res.static_smem + r.smem_bytes, res.stack_frame,
+                         res.spill_bytes, f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else "")))
+        if args.verbose:
+            print(c.log)
+    hdr = ("rung", "kernel", "regs/thread", "smem B/CTA", "stack B", "spill B", "compile s")
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    for row in (hdr, *rows):
+        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths)))
+    spills = [row for row in rows if row[5]]
+    if spills:
+        print(f"spills in: {', '.join(f'{r[0]}:{r[1]}' for r in spills)}", file=sys.stderr)
+    if failed:
+        print(f"failed to compile: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed or (spills and args.strict) else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m attnclimb", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile every rung (no GPU needed) and print their resources")
+    b.add_argument("--rung", type=int, action="append", help="only this rung (repeatable)")
+    b.add_argument("--arch", default="sm_90a")
+    b.add_argument("--no-cache", action="store_true")
+    b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
+    b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
+    args = p.parse_args(argv)
+    return {"build": _cmd_build}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The public entry point: :func:`attention`, a drop-in for non-causal
+``torch.nn.functional.scaled_dot_product_attention`` on Hopper GPUs."""
+
+from __future__ import annotations
+
+import math
+
+from . import rungs as _rungs
+
+SUPPORTED_HEAD_DIMS = (_rungs.HEAD_DIM,)
+_INT32_MAX = 2**31 - 1
+
+
+def hopper_available(device=None) -> tuple:
+    """Return ``(ok, reason)``: whether a Hopper GPU (compute capability 9.0) is usable by this process.
+
+    ``reason`` is a one-line explanation when ``ok`` is False. Never raises.
+    """
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    cap = torch.cuda.get_device_capability(dev)
+    if cap != (9, 0):
+        name = torch.cuda.get_device_name(dev)
+        return False, f"{name} has compute capability {cap[0]}.{cap[1]}; attnclimb needs Hopper (9.0: H100/H200)"
+    return True, ""
+
+
+def _validate(q, k, v, scale, rung):
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} has dtype {t.dtype}; attnclimb supports torch.bfloat16 only")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: "
+                "(batch, heads, seqlen, head_dim)"
+            )
+        if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"{name} has head_dim {t.shape[-1]}; supported head_dim: {SUPPORTED_HEAD_DIMS}")
+    if q.shape[0] != k.shape[0] or q.shape[0] != v.shape[0]:
+        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if q.shape[1] != k.shape[1] or q.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"heads mismatch: q {q.shape[1]}, k {k.shape[1]}, v {v.shape[1]} (grouped-query attention is not supported)"
+        )
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k has seqlen_k {k.shape[2]} but v has {v.shape[2]}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if 0 in t.shape:
+            raise ValueError(f"{name} has an empty dimension: shape {tuple(t.shape)}; every size must be >= 1")
+        if t.numel() > _INT32_MAX:
+            raise ValueError(
+                f"{name} has {t.numel()} elements; the kernels use 32-bit index math and support at most "
+                f"{_INT32_MAX} elements per tensor — split the batch"
+            )
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    rung_obj = _rungs.get(rung)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}; attnclimb runs on a CUDA (Hopper) device")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    ok, why = hopper_available(q.device)
+    if not ok:
+        raise ValueError(f"cannot run attnclimb kernels: {why}")
+    if rung_obj.abi == "unfused":
+        need = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+        free, _ = torch.cuda.mem_get_info(q.device)
+        if need > free or need // 4 > _INT32_MAX:
+            raise ValueError(
+                f"rung 0 (unfused) would materialise S = QK^T in fp32: {need / 2**30:.2f} GiB for "
+                f"batch*heads={q.shape[0] * q.shape[1]}, seqlen_q={q.shape[2]}, seqlen_k={k.shape[2]}, but only "
+                f"{free / 2**30:.2f} GiB are free (and S must have < 2^31 elements); use a fused rung (1+)"
+            )
+    return rung_obj
+
+
+def attention(q, k, v, *, scale=None, rung=None):
+    """Exact (non-causal) scaled dot-product attention, ``softmax(scale · Q Kᵀ) V``, on a Hopper GPU.
+
+    Args:
+        q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor.
+        k: ``(batch, heads, seqlen_k, head_dim)`` bf16 CUDA tensor, same device, batch and heads as ``q``.
+        v: ``(batch, heads, seqlen_k, head_dim)`` bf16 CUDA tensor.
+        scale: softmax scale (natural-log units); default ``1/sqrt(head_dim)`` as in
+            ``torch.nn.functional.scaled_dot_product_attention``.
+        rung: which kernel of the ladder to run (``0`` … top); ``None`` picks the top (fastest) rung.
+
+    Any ``seqlen_q >= 1`` and ``seqlen_k >= 1`` are supported, equal or not; ``head_dim`` must be 128.
+    Non-contiguous inputs are copied to contiguous memory first. The kernel runs on the current
+    torch CUDA stream; the call is asynchronous like any torch op.
+
+    Returns:
+        ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device.
+
+    Raises:
+        TypeError: an input is not a tensor or not bf16; ``scale``/``rung`` of the wrong type.
+        ValueError: wrong rank, head_dim, device or GPU (not Hopper); mismatched batch/heads/seqlen_k;
+            an empty dimension; a tensor of 2^31 elements or more (32-bit index math); an unknown rung;
+            rung 0 when its fp32 ``S`` would not fit in free GPU memory.
+
+    The ideas come from FlashAttention (Dao et al. 2022, Sec. 3.1: tiling + online softmax),
+    FlashAttention-2 (Sec. 3) and FlashAttention-3 (Sec. 3); each rung's page in ``docs/rungs/`` cites its own.
+    """
+    import torch
+
+    r = _validate(q, k, v, scale, rung)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    o = torch.empty_like(q)
+    from .runtime.launch import run_rung
+
+    with torch.cuda.device(q.device):
+        run_rung(r, q, k, v, o, scale)
+    return o

@@ -1,0 +1,137 @@
+"""Load compiled rungs onto the GPU and launch them on torch's current stream, through ``cuda.core``.
+
+``cuda.core`` loads the cubin (``ObjectCode.from_cubin``) and launches (``launch``); two things it lacks
+are taken from ``cuda.bindings``: raising a kernel's dynamic shared-memory limit above 48 KB
+(``cuKernelSetAttribute``), since ``Kernel.attributes`` is read-only in cuda.core 1.2.
+TMA tensor maps (rungs 5+) are built with ``StridedMemoryView.as_tensor_map`` (CUDA driver API
+``cuTensorMapEncodeTiled`` underneath; CUDA C++ Programming Guide, "Tensor Memory Access").
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+
+from ..rungs import HEAD_DIM, Rung
+from .compiler import compile_rung
+
+_lock = threading.Lock()
+
+
+def _check(result, what: str):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {err}")
+    return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
+
+
+class LoadedRung:
+    """A rung's kernels loaded on one device, ready to launch."""
+
+    def __init__(self, rung: Rung, device_index: int):
+        from cuda.core import Device, ObjectCode
+
+        self.rung = rung
+        self.device = Device(device_index)
+        self.device.set_current()
+        arch = f"sm_{self.device.compute_capability.major}{self.device.compute_capability.minor}"
+        # Hopper's wgmma/setmaxnreg live in the arch-specific target sm_90a (PTX ISA, "Target ISA notes").
+        arch = "sm_90a" if arch == "sm_90" else arch
+        self.compiled = compile_rung(rung, arch=arch)
+        self.module = ObjectCode.from_cubin(self.compiled.cubin)
+        self.kernels = {name: self.module.get_kernel(name) for name in rung.kernel_names}
+        if rung.smem_bytes > 48 * 1024:
+            from cuda.bindings import driver
+
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            for k in self.kernels.values():
+                _check(driver.cuKernelSetAttribute(attr, rung.smem_bytes, k.handle, self.device.device_id
+                                                   if hasattr(self.device, "device_id") else device_index),
+                       "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        self._streams = {}
+
+    def stream(self, torch_stream):
+        """The cuda.core wrapper of a torch stream (cached by handle)."""
+        handle = torch_stream.cuda_stream
+        s = self._streams.get(handle)
+        if s is None:
+            s = self.device.create_stream(torch_stream)
+            self._streams[handle] = s
+        return s
+
+    def launch(self, name: str, grid, block, smem: int, stream, *args):
+        from cuda.core import LaunchConfig, launch
+
+        launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), self.kernels[name], *args)
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(rung: Rung, device_index: int) -> LoadedRung:
+    return LoadedRung(rung, device_index)
+
+
+def loaded(rung: Rung, device_index: int) -> LoadedRung:
+    """Compile (cached on disk), load and memoise ``rung`` for device ``device_index``."""
+    with _lock:
+        return _loaded(rung, device_index)
+
+
+def tensor_map(t3d, box_rows: int):
+    """A TMA tensor map over a ``(batch*heads, seqlen, 128)`` bf16 CUDA tensor.
+
+    Dims innermost-first ``(128, seqlen, batch*heads)``, box ``(64, box_rows, 1)``, 128-byte swizzle,
+    out-of-bounds elements read as zero (PTX ISA, "Tensor Copy" / "Tensor-map": ``cp.async.bulk.tensor``).
+    """
+    from cuda.core import TensorMapDescriptorOptions
+    from cuda.core._tensor_map import TensorMapOOBFill, TensorMapSwizzle
+    from cuda.core.utils import StridedMemoryView
+
+    view = StridedMemoryView(t3d, stream_ptr=-1)
+    opts = TensorMapDescriptorOptions(
+        box_dim=(1, box_rows, HEAD_DIM // 2),
+        swizzle=TensorMapSwizzle.SWIZZLE_128B,
+        oob_fill=TensorMapOOBFill.NONE,
+    )
+    return view.as_tensor_map(options=opts)
+
+
+def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
+    """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
+
+    ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, on one CUDA device,
+    already validated by :func:`attnclimb.api.attention`.
+    """
+    import torch
+
+    lr = loaded(rung, q.device.index)
+    stream = lr.stream(torch.cuda.current_stream(q.device))
+    b, h, sq, _ = q.shape
+    sk = k.shape[2]
+    bh = b * h
+    i32, f32 = np.int32, np.float32
+    if rung.abi == "unfused":
+        s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
+        tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
+        lr.launch("qk_scores", (tiles_n * tiles_m * bh,), (rung.threads,), 0, stream,
+                  q.data_ptr(), k.data_ptr(), s.data_ptr(), i32(sq), i32(sk), f32(scale))
+        lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk))
+        tiles_d = HEAD_DIM // rung.block_n
+        lr.launch("pv_product", (tiles_d * tiles_m * bh,), (rung.threads,), 0, stream,
+                  s.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk))
+        return
+    m_blocks = rung.num_m_blocks(sq)
+    grid = (m_blocks * bh,)
+    if rung.abi == "pointer":
+        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream,
+                  q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
+        return
+    if rung.abi == "tma":
+        tq = tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
+        tk = tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
+        tv = tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
+        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream,
+                  tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
+        return
+    raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")

@@ -1,0 +1,92 @@
+"""Every rung compiles for sm_90a with NVRTC (no GPU), with no spills, and its SASS has what it claims."""
+
+import multiprocessing as mp
+import re
+
+import pytest
+
+from attnclimb import rungs
+from attnclimb.runtime import CompileError, compile_rung, parse_ptxas_log
+from attnclimb.runtime.sass import find_cuobjdump, sass
+
+RUNG_IDS = [r.key for r in rungs.RUNGS]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return {r.key: compile_rung(r, "sm_90a") for r in rungs.RUNGS}
+
+
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_compiles_without_spills(compiled, key):
+    c = compiled[key]
+    names = {res.kernel for res in c.resources}
+    assert set(c.rung.kernel_names) <= names, f"entry points missing: {c.rung.kernel_names} vs {names}"
+    for res in c.resources:
+        assert res.spill_bytes == 0, f"{key}:{res.kernel} spills {res.spill_bytes} bytes\n{c.log}"
+        assert res.stack_frame == 0, f"{key}:{res.kernel} uses a {res.stack_frame}-byte stack frame\n{c.log}"
+        assert res.registers <= 255
+    assert c.rung.smem_bytes + max(r.static_smem for r in c.resources) <= 227 * 1024
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_sass_has_claimed_instructions(compiled, key):
+    c = compiled[key]
+    text = sass(c.cubin)
+    for mnemonic in c.rung.sass_required:
+        assert re.search(rf"\b{mnemonic}\b", text), f"{key} claims {mnemonic} but its SASS has none"
+    assert not re.search(r"\b(LDL|STL)\b", text), f"{key} uses local memory (LDL/STL)"
+    if c.rung.number >= 6:
+        assert "HGMMA" in text
+    if c.rung.number < 2:
+        assert not re.search(r"\b(HMMA|HGMMA)\b", text), f"{key} should run on CUDA cores only"
+
+
+def test_compile_error_shows_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "99_broken.cu").write_text('extern "C" __global__ void attn_fwd() {\n  int x = ;\n}\n')
+    monkeypatch.setattr(rungs, "KERNEL_DIR", tmp_path)
+    monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path / "cache"))
+    r = rungs.Rung(99, "broken", "none", "pointer", 64, 64, 128, 0)
+    with pytest.raises(CompileError, match=r"99_broken\.cu\(2\).*error"):
+        compile_rung(r)
+
+
+def test_cache_hit_is_fast_and_keyed_by_options(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path))
+    r = rungs.get(1)
+    first = compile_rung(r)
+    again = compile_rung(r)
+    assert not first.cached and again.cached and again.cubin == first.cubin
+    other = rungs.Rung(**{**r.__dict__, "extra_defines": {"UNUSED_KNOB": 1}})
+    assert not compile_rung(other).cached  # new options: a new entry, never a stale cubin
+
+
+def _compile_in_child(cache):
+    import os
+
+    os.environ["ATTNCLIMB_CACHE_DIR"] = cache
+    from attnclimb import rungs as rr
+    from attnclimb.runtime import compile_rung as cr
+
+    return len(cr(rr.get(1)).cubin)
+
+
+def test_concurrent_compiles_do_not_corrupt_cache(tmp_path):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        sizes = pool.map(_compile_in_child, [str(tmp_path)] * 4)
+    assert len(set(sizes)) == 1 and sizes[0] > 0
+    assert not list(tmp_path.glob("*.tmp"))
+    cubins = list(tmp_path.glob("*.cubin"))
+    assert len(cubins) == 1 and cubins[0].stat().st_size == sizes[0]
+
+
+def test_parse_ptxas_log():
+    log = """ptxas info    : Compiling entry function 'attn_fwd' for 'sm_90a'
+ptxas info    : Function properties for attn_fwd
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+"""
+    (res,) = parse_ptxas_log(log)
+    assert (res.kernel, res.registers, res.static_smem, res.stack_frame, res.spill_bytes) == ("attn_fwd", 168, 1024, 8, 8)
