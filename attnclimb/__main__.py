@@ -15,7 +15,7 @@ def _cmd_build(args) -> int:
     for r in selected:
         try:
             c = compile_rung(r, arch=args.arch, use_cache=not args.no_cache)
-        except CompileError as exc:
+        except (CompileError, FileNotFoundError) as exc:
             print(exc, file=sys.stderr)
             failed.append(r.key)
             continue

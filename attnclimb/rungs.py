@@ -97,7 +97,8 @@ RUNGS: tuple[Rung, ...] = (
          smem_bytes=_tile_bytes(64) + 2 * _tile_bytes(32) + 64 * 32 * 4, max_bench_seqlen=4096),
     Rung(2, "mma_sync", "tensor cores: mma.sync m16n8k16 with ldmatrix, P kept in registers", "pointer",
          block_m=128, block_n=64, threads=256,
-         smem_bytes=_tile_bytes(128) + 2 * _tile_bytes(64), sass_required=("HMMA",)),
+         smem_bytes=(128 + 2 * 64) * (HEAD_DIM + 8) * BF16_BYTES,  # padded rows: +8 bf16 each
+         sass_required=("HMMA",)),
     Rung(3, "cp_async", "cp.async multi-buffered, swizzled K/V tiles", "pointer",
          block_m=128, block_n=64, threads=256,
          smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64), extra_defines={"NUM_STAGES": 2},

@@ -1,0 +1,186 @@
+"""Timing and checking helpers: median kernel time, inputs rotated beyond L2, the reference check.
+
+All functions here need a CUDA device except :func:`num_input_sets` and :func:`rel_l2` (which works on
+CPU tensors too).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H100/H200: 50 / 60 MB
+REL_L2_TOL = 1e-2
+
+
+def l2_cache_bytes() -> int:
+    """L2 size of the current CUDA device in bytes (falls back to 60 MB when torch doesn't say)."""
+    try:
+        import torch
+        n = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0))
+        return n if n > 0 else DEFAULT_L2_BYTES
+    except Exception:
+        return DEFAULT_L2_BYTES
+
+
+def num_input_sets(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, minimum: int = 3) -> int:
+    """How many distinct (q, k, v) sets to cycle through so consecutive calls can't hit in L2.
+
+    Enough sets that together they exceed ``2 * l2_bytes``, and never fewer than ``minimum``.
+    """
+    if set_bytes <= 0:
+        raise ValueError("set_bytes must be positive")
+    return max(minimum, math.ceil(2 * l2_bytes / set_bytes) + 1)
+
+
+def make_inputs(shape, n_sets: int, seed: int = 0) -> list:
+    """``n_sets`` independent (q, k, v) bf16 CUDA tensors of ``shape`` (BHSD, contiguous, N(0, 1))."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sets = []
+    for _ in range(n_sets):
+        qkv = []
+        for s in (shape.seqlen_q, shape.seqlen_k, shape.seqlen_k):
+            qkv.append(torch.randn(shape.batch, shape.heads, s, shape.head_dim, device="cuda",
+                                   dtype=torch.bfloat16, generator=g))
+        sets.append(tuple(qkv))
+    return sets
+
+
+def rotating(call, prepared_sets):
+    """A zero-argument function that calls ``call(prepared_sets[i])`` with ``i`` cycling 0, 1, 2, ..."""
+    n = len(prepared_sets)
+    state = [0]
+
+    def fn():
+        i = state[0]
+        state[0] = i + 1 if i + 1 < n else 0
+        return call(prepared_sets[i])
+
+    return fn
+
+
+def _have_triton_do_bench():
+    try:
+        from triton.testing import do_bench
+        return do_bench
+    except Exception:
+        return None
+
+
+def timer_name() -> str:
+    """``"triton.testing.do_bench"`` when triton imports, else ``"cuda-events"``."""
+    return "triton.testing.do_bench" if _have_triton_do_bench() else "cuda-events"
+
+
+def cuda_events_median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn()`` in ms, each call bracketed by its own pair of CUDA events.
+
+    Runs ~``warmup_ms`` of untimed calls first, then ~``rep_ms`` worth of timed calls (at least 1 each).
+    """
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(5):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    est = max(s.elapsed_time(e) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = max(1, int(rep_ms / est))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+
+
+def median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of one ``fn()`` call in milliseconds.
+
+    Uses ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")`` when triton imports, else
+    :func:`cuda_events_median_ms`. ``warmup_ms``/``rep_ms`` are time budgets in ms, not call counts.
+    """
+    do_bench = _have_triton_do_bench()
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return cuda_events_median_ms(fn, warmup_ms, rep_ms)
+
+
+def rel_l2(out, ref) -> float:
+    """Relative L2 error ``||out - ref|| / ||ref||`` computed in float32 (``inf`` for non-finite ``out``)."""
+    import torch
+    out = out.float()
+    ref = ref.float()
+    if not torch.isfinite(out).all():
+        return math.inf
+    den = torch.linalg.vector_norm(ref).item()
+    num = torch.linalg.vector_norm(out - ref).item()
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def check_heads(shape) -> list:
+    """The ``(batch, head)`` pairs the reference covers: the first and the last (all query rows of each)."""
+    pairs = [(0, 0), (shape.batch - 1, shape.heads - 1)]
+    return list(dict.fromkeys(pairs))
+
+
+def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int = 2048) -> list:
+    """float32 attention for the ``(b, h)`` pairs, every query row: softmax(q k^T * scale) v.
+
+    Args:
+        q, k, v: ``(batch, heads, seqlen, head_dim)`` tensors (any float dtype, CUDA or CPU).
+        pairs: list of ``(b, h)``.
+        scale: softmax scale; default ``head_dim ** -0.5``.
+        chunk_rows: query rows per chunk (bounds the ``chunk_rows x seqlen_k`` float32 score matrix).
+
+    Returns:
+        a list of ``(seqlen_q, head_dim)`` float32 tensors, one per pair. TF32 is disabled while computing.
+    """
+    import torch
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        outs = []
+        for b, h in pairs:
+            kk = k[b, h].float()
+            vv = v[b, h].float()
+            qq = q[b, h].float()
+            parts = []
+            for r0 in range(0, qq.shape[0], chunk_rows):
+                s = (qq[r0:r0 + chunk_rows] @ kk.T) * scale
+                parts.append(torch.softmax(s, dim=-1) @ vv)
+            outs.append(torch.cat(parts))
+        return outs
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def check_output(out_bhsd, refs, pairs, shape) -> tuple:
+    """Compare an implementation's output with the float32 reference.
+
+    Args:
+        out_bhsd: the implementation's output viewed as ``(batch, heads, seqlen_q, head_dim)``.
+        refs / pairs: from :func:`reference_slices` / :func:`check_heads`.
+
+    Returns:
+        ``(ok, rel_l2, why)``: ``ok`` when the shape matches, the whole output is finite and the worst
+        relative L2 error over the reference pairs is ``<= REL_L2_TOL``; ``why`` explains a failure.
+    """
+    import torch
+    want = (shape.batch, shape.heads, shape.seqlen_q, shape.head_dim)
+    if tuple(out_bhsd.shape) != want:
+        return False, None, f"output shape {tuple(out_bhsd.shape)} != {want}"
+    if not torch.isfinite(out_bhsd).all():
+        return False, math.inf, "non-finite values in output"
+    worst = max(rel_l2(out_bhsd[b, h], ref) for (b, h), ref in zip(pairs, refs))
+    if not worst <= REL_L2_TOL:
+        return False, worst, f"rel_l2 {worst:.2e} > {REL_L2_TOL:g}"
+    return True, worst, ""

@@ -1,0 +1,299 @@
+// Rung 2 — tensor cores: mma.sync m16n8k16 fed by ldmatrix, P kept in registers.
+//
+// The idea: the two matrix products of attention (S = Q·Kᵀ and O += P·V) move from CUDA-core FMAs to
+// the warp-level tensor-core instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+// (PTX ISA, "Warp-level matrix multiply-accumulate instructions", mma.m16n8k16 fragment layouts), with
+// operands loaded from shared memory by ldmatrix (PTX ISA, "ldmatrix"; .trans for V).
+//
+// Work split (FlashAttention-2, Dao 2023, Sec. 3.3): each of the 8 warps owns 16 rows of Q and sweeps
+// all of K/V, so the softmax statistics of a row never leave the 4 threads (a "quad") that hold it —
+// no shared-memory exchange between warps. The S accumulator of Q·Kᵀ, converted to bf16, is already
+// laid out as the A operand of P·V (see pack_p_fragment), so P never touches shared memory.
+//
+// Online softmax as in rung 1: running max m and running sum l per row, O rescaled by
+// exp(scale·(m_old − m_new)) per tile, normalised once at the end. Assumes scale > 0 (the max of
+// scale·s is then the max of s).
+//
+// Loads are deliberately plain here: synchronous 16-byte vector loads, __syncthreads, and a padded
+// shared-memory row (HEAD_DIM + 8 bf16) so the 8 row addresses of an ldmatrix hit 8 different
+// 16-byte bank groups. Rung 3 makes the loads asynchronous and replaces the padding by a swizzle.
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_THREADS
+#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned int uint32_t;  // NVRTC has no <stdint.h>
+
+#define NEG_INF (-CUDART_INF_F)
+
+constexpr int NUM_WARPS = NUM_THREADS / 32;
+constexpr int WARP_ROWS = 16;                    // rows of Q per warp = M of one mma
+constexpr int SMEM_STRIDE = HEAD_DIM + 8;        // bf16 per padded shared-memory row (272 bytes)
+constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;     // 16-byte chunks in one 128-column row
+constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+
+static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128");
+static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 16 rows of Q");
+static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
+static_assert((BLOCK_M * CHUNKS_PER_ROW) % NUM_THREADS == 0, "Q tile must split evenly over threads");
+static_assert((BLOCK_N * CHUNKS_PER_ROW) % NUM_THREADS == 0, "K/V tiles must split evenly over threads");
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
+// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global -> shared tile copies (synchronous)
+// ---------------------------------------------------------------------------------------------
+
+// A ROWS x 128 bf16 tile, row-major in global memory, into padded shared memory. Rows at or past
+// valid_rows are written as zeros and never read from global memory.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid_rows, int tid) {
+    constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / NUM_THREADS;
+    uint4 chunk[PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {  // all loads first: PER_THREAD requests in flight
+        const int c = tid + i * NUM_THREADS;
+        const int row = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
+        chunk[i] = row < valid_rows ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col)
+                                    : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+        const int c = tid + i * NUM_THREADS;
+        const int row = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
+        *reinterpret_cast<uint4*>(dst + row * SMEM_STRIDE + col) = chunk[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragment helpers. Notation (PTX ISA mma.m16n8k16): lane = 4*g + t, g = groupID (0..7),
+// t = threadID_in_group (0..3).
+//   A (16x16): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
+//   B (16x8):  b0 = (k 2t..2t+1, n g)  b1 = (k 2t+8..2t+9, n g)
+//   C (16x8):  c0,c1 = (g, 2t..2t+1)   c2,c3 = (g+8, 2t..2t+1)
+// ---------------------------------------------------------------------------------------------
+
+// Shared-memory address this lane hands to ldmatrix_x4 so that the four matrices are the four
+// 8x8 quarters of the 16x16 block at (row0, col0) in A-fragment order: [rows 0-7 | rows 8-15] x
+// [cols 0-7 | cols 8-15] -> a0, a1, a2, a3. With .trans on a row-major V block (rows = keys,
+// cols = head dims) the same addresses give B fragments of two n8 tiles: r0, r1 = (b0, b1) of
+// columns col0..col0+7 and r2, r3 = (b0, b1) of columns col0+8..col0+15.
+__device__ __forceinline__ uint32_t a_layout_addr(const bf16* tile, int row0, int col0, int lane) {
+    return smem_addr(tile + (row0 + (lane & 15)) * SMEM_STRIDE + col0 + (lane >> 4) * 8);
+}
+
+// Address for ldmatrix_x4 (no .trans) on a row-major K block: matrices are [keys n0..n0+7, dims
+// k0..k0+7], [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
+// r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
+__device__ __forceinline__ uint32_t b_layout_addr(const bf16* tile, int row0, int col0, int lane) {
+    return smem_addr(tile + (row0 + (lane & 7) + ((lane >> 4) << 3)) * SMEM_STRIDE + col0 +
+                     ((lane >> 3) & 1) * 8);
+}
+
+// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
+// slice j of P·V, element for element:
+//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
+//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
+__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
+                                                const float (&s_hi)[4]) {
+    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
+    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
+    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
+    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
+}
+
+// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+         bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* s_q = reinterpret_cast<bf16*>(smem_raw);  // BLOCK_M x SMEM_STRIDE
+    bf16* s_k = s_q + BLOCK_M * SMEM_STRIDE;         // BLOCK_N x SMEM_STRIDE
+    bf16* s_v = s_k + BLOCK_N * SMEM_STRIDE;         // BLOCK_N x SMEM_STRIDE
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.x / num_m_blocks;
+    const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
+    const bf16* k_head = k + bh * seqlen_k * HEAD_DIM;
+    const bf16* v_head = v + bh * seqlen_k * HEAD_DIM;
+
+    // Q: global -> shared -> registers, once. 16 rows x 128 dims per warp = 8 A fragments.
+    load_tile<BLOCK_M>(s_q, q + (bh * seqlen_q + m_start) * HEAD_DIM, seqlen_q - m_start, tid);
+    __syncthreads();
+    uint32_t q_frag[D_STEPS][4];
+#pragma unroll
+    for (int d = 0; d < D_STEPS; ++d) ldmatrix_x4(q_frag[d], a_layout_addr(s_q, warp * WARP_ROWS, d * 16, lane));
+
+    // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
+    float o_acc[O_TILES][4];
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};
+    float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
+
+    const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    for (int nb = 0; nb < num_n_blocks; ++nb) {
+        const int n_start = nb * BLOCK_N;
+        __syncthreads();  // every warp is done reading the previous K/V tile
+        load_tile<BLOCK_N>(s_k, k_head + n_start * HEAD_DIM, seqlen_k - n_start, tid);
+        load_tile<BLOCK_N>(s_v, v_head + n_start * HEAD_DIM, seqlen_k - n_start, tid);
+        __syncthreads();
+
+        // ---- S = Q·Kᵀ (16 x BLOCK_N per warp), fp32 in registers ----
+        float s[S_TILES][4];
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; j += 2) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, b_layout_addr(s_k, j * 8, d * 16, lane));
+                mma_m16n8k16(s[j], q_frag[d], kb[0], kb[1]);
+                mma_m16n8k16(s[j + 1], q_frag[d], kb[2], kb[3]);
+            }
+        }
+
+        // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        if (n_start + BLOCK_N > seqlen_k) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (n_start + j * 8 + 2 * t + (e & 1) >= seqlen_k) s[j][e] = NEG_INF;
+                }
+            }
+        }
+
+        // ---- online softmax: new running max, rescale factor, P = exp(scale·(S − m)) ----
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
+            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
+            m_use[r] = m_new == NEG_INF ? 0.f : m_new;
+            alpha[r] = expf((row_max[r] - m_use[r]) * scale);  // first tile: exp(−inf) = 0
+            row_max[r] = m_new;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = expf((s[j][e] - m_use[e >> 1]) * scale);
+                row_sum[e >> 1] += s[j][e];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+            o_acc[j][0] *= alpha[0];
+            o_acc[j][1] *= alpha[0];
+            o_acc[j][2] *= alpha[1];
+            o_acc[j][3] *= alpha[1];
+        }
+
+        // ---- O += P·V: P re-packed in registers as A fragments, V via ldmatrix.trans ----
+#pragma unroll
+        for (int kv = 0; kv < KV_STEPS; ++kv) {
+            uint32_t p_frag[4];
+            pack_p_fragment(p_frag, s[2 * kv], s[2 * kv + 1]);
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, a_layout_addr(s_v, kv * 16, j * 8, lane));
+                mma_m16n8k16(o_acc[j], p_frag, vb[0], vb[1]);
+                mma_m16n8k16(o_acc[j + 1], p_frag, vb[2], vb[3]);
+            }
+        }
+    }
+
+    // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const int row = m_start + warp * WARP_ROWS + g + 8 * r;
+        if (row < seqlen_q) {
+            bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+            }
+        }
+    }
+}

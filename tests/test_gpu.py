@@ -1,0 +1,162 @@
+"""GPU correctness of every rung against float64 attention (needs a Hopper GPU; skipped otherwise).
+
+Each check draws fresh random inputs, poisons the output with NaN, guards the memory after it with a
+sentinel, and compares with the float64 reference by relative L2 error (bf16 tolerance 1e-2; typical
+~3e-3). Set ATTNCLIMB_ERRLOG=path to write every measured error to a JSON file.
+"""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import attnclimb
+from attnclimb import rungs
+from attnclimb.reference import attention_exact, rel_l2
+from attnclimb.runtime.launch import run_rung
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2
+ERRORS = []
+RUNG_IDS = [r.key for r in rungs.RUNGS]
+_seed = [int.from_bytes(os.urandom(4), "little")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _errlog():
+    yield
+    path = os.environ.get("ATTNCLIMB_ERRLOG")
+    if path and ERRORS:
+        with open(path, "w") as f:
+            json.dump(ERRORS, f, indent=1)
+
+
+def _gen():
+    _seed[0] += 1
+    return torch.Generator(device="cuda").manual_seed(_seed[0])
+
+
+def _randn(*shape, g):
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32)
+
+
+def make_inputs(b, h, sq, sk, kind="normal"):
+    """Fresh bf16 q, k, v of a value distribution named by ``kind``."""
+    g = _gen()
+    d = rungs.HEAD_DIM
+    q, k, v = _randn(b, h, sq, d, g=g), _randn(b, h, sk, d, g=g), _randn(b, h, sk, d, g=g)
+    if kind == "logits_x30":
+        q = q * 30.0
+    elif kind == "near_constant":  # every key almost the same: near-uniform rows, sums of many equal terms
+        k = 0.5 + 1e-3 * k
+        q = q.abs() * 4
+    elif kind == "dominant_key":  # each query row has one key that takes essentially all the mass
+        idx = torch.randint(0, sk, (sq,), generator=g, device="cuda")
+        q = q * 0.1
+        q = q + 8.0 * k[:, :, idx, :] / k[:, :, idx, :].norm(dim=-1, keepdim=True) * math.sqrt(d)
+    elif kind == "heavy_tail":  # outlier channels and Student-t-like tails, as in real activations
+        t = _randn(b, h, sq, d, g=g) / (_randn(b, h, sq, d, g=g).abs() + 0.05)
+        q = q + 0.1 * t.clamp(-200, 200)
+        ch = torch.randint(0, d, (4,), generator=g, device="cuda")
+        q[..., ch] *= 20
+        k[..., ch] *= 20
+        v = v * (1 + 10 * (torch.rand(v.shape, generator=g, device="cuda") < 0.01))
+    return tuple(t.to(torch.bfloat16).contiguous() for t in (q, k, v))
+
+
+def run_checked(rung, q, k, v, scale=None):
+    """Run ``rung`` into a NaN-poisoned output with a sentinel guard after it; return (out, rel_l2)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    guard = 4096
+    buf = torch.full((q.numel() + guard,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    buf[q.numel():] = 1234.0
+    out = buf[: q.numel()].view(q.shape)
+    run_rung(rung, q, k, v, out, scale)
+    torch.cuda.synchronize()
+    assert (buf[q.numel():] == 1234.0).all(), "kernel wrote past the end of O"
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements unwritten or NaN"
+    assert torch.isfinite(out).all(), "output has inf"
+    err = rel_l2(out, attention_exact(q, k, v, scale))
+    return out, err
+
+
+def _record(rung, shape, kind, err):
+    ERRORS.append({"rung": rung.key, "shape": list(shape), "kind": kind, "rel_l2": err})
+
+
+SHAPES = [
+    (1, 2, 1, 1), (1, 2, 127, 127), (1, 2, 128, 128), (1, 2, 129, 129), (2, 3, 1000, 1000),
+    (1, 2, 4096, 4096), (1, 2, 129, 1000), (1, 3, 1000, 129), (2, 2, 1, 4096), (1, 2, 300, 1),
+    (1, 1, 64, 65), (1, 1, 200, 176), (1, 1, 177, 353),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_matches_float64(key, shape):
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    q, k, v = make_inputs(*shape)
+    _, err = run_checked(rung, q, k, v)
+    _record(rung, shape, "normal", err)
+    assert err <= TOL, f"{key} {shape}: rel L2 {err:.3e}"
+
+
+@pytest.mark.parametrize("kind", ["logits_x30", "near_constant", "dominant_key", "heavy_tail"])
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_hostile_values(key, kind):
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    shape = (1, 4, 513, 777)
+    q, k, v = make_inputs(*shape, kind=kind)
+    _, err = run_checked(rung, q, k, v)
+    _record(rung, shape, kind, err)
+    assert err <= TOL, f"{key} {kind}: rel L2 {err:.3e}"
+
+
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_many_programs(key):
+    """batch*heads*m_blocks > 65535 CTAs: the grid must not be limited to gridDim.y/z."""
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    shape = (33000, 2, 3, 5)
+    q, k, v = make_inputs(*shape)
+    _, err = run_checked(rung, q, k, v)
+    _record(rung, shape, "normal", err)
+    assert err <= TOL
+
+
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_repeatable(key):
+    """The same inputs give bit-identical outputs twice (a moving result would be a race)."""
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    q, k, v = make_inputs(2, 2, 333, 1025)
+    a, _ = run_checked(rung, q, k, v)
+    b, _ = run_checked(rung, q, k, v)
+    assert torch.equal(a, b)
+
+
+def test_api_matches_sdpa_and_defaults():
+    q, k, v = make_inputs(2, 4, 257, 300)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    out = attnclimb.attention(q, k, v)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert rel_l2(out, ref) < TOL
+    out2 = attnclimb.attention(q, k, v, scale=0.05, rung=rungs.TOP.number)
+    assert rel_l2(out2, attention_exact(q, k, v, 0.05)) < TOL
+
+
+def test_api_accepts_non_contiguous_inputs():
+    q, k, v = make_inputs(1, 4, 200, 150)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory, (B, H, S, D) view
+    assert not qt.is_contiguous()
+    assert rel_l2(attnclimb.attention(qt, k, v), attention_exact(q, k, v)) < TOL
+
+
+def test_api_refuses_unfused_when_s_does_not_fit():
+    free, _ = torch.cuda.mem_get_info()
+    sk = 2**20
+    sq = int(free // (4 * sk)) + 1024  # S = 4*sq*sk bytes > free
+    q = torch.empty(1, 1, sq, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(1, 1, sk, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="rung 0"):
+        attnclimb.attention(q, k, k, rung=0)
