@@ -36,6 +36,18 @@ def _cmd_build(args) -> int:
     return 1 if failed or (spills and args.strict) else 0
 
 
+def _cmd_bench(args) -> int:
+    from .bench import run
+
+    return run.main(args)
+
+
+def _cmd_report(args) -> int:
+    from .bench import report
+
+    return report.main(args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnclimb", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -45,8 +57,12 @@ def main(argv=None) -> int:
     b.add_argument("--no-cache", action="store_true")
     b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
     b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
+    from .bench import report as _report, run as _run
+
+    _run.add_arguments(sub.add_parser("bench", help="time every rung and peer on the H200 (needs a Hopper GPU)"))
+    _report.add_arguments(sub.add_parser("report", help="README results table + chart from a results JSON"))
     args = p.parse_args(argv)
-    return {"build": _cmd_build}[args.cmd](args)
+    return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,10 @@ def attention(q, k, v, *, scale=None, rung=None):
 
     r = _validate(q, k, v, scale, rung)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    # The kernels use 16-byte vector loads and TMA, which need 16-byte aligned bases: a contiguous view
+    # with an odd storage offset is copied.
+    q, k, v = (t.contiguous() if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+               for t in (q, k, v))
     o = torch.empty_like(q)
     from .runtime.launch import run_rung
 

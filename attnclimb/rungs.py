@@ -15,7 +15,7 @@ HEAD_DIM = 128
 BF16_BYTES = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: a Rung keys the loaded-module cache
 class Rung:
     """One kernel of the ladder.
 
@@ -89,24 +89,60 @@ def _tile_bytes(rows: int) -> int:
     return rows * HEAD_DIM * BF16_BYTES
 
 
+def tma_smem_bytes(block_m: int, block_n: int, stages: int) -> int:
+    """Dynamic smem of the TMA rungs (5+): Q tile + ``stages`` x (K tile + V tile) + 1 KB slack.
+
+    128-byte-swizzled TMA destinations must start on a 1024-byte boundary; the kernels round the
+    dynamic smem base up by hand (it is only 16-B aligned), which costs up to 1 KB. mbarriers live in
+    static shared memory (ptxas reports them separately). Recompute with this when sweeping
+    ``BLOCK_N`` / ``NUM_STAGES`` (``dataclasses.replace(rung, block_n=..., smem_bytes=...)``).
+    """
+    return 1024 + _tile_bytes(block_m) + stages * 2 * _tile_bytes(block_n)
+
+
 RUNGS: tuple[Rung, ...] = (
     Rung(0, "unfused", "S = QK^T to HBM, row softmax, O = PV: three plain CUDA kernels", "unfused",
          block_m=64, block_n=64, threads=256, smem_bytes=0, max_bench_seqlen=4096),
+    # fp32 tiles in smem: Q and K rows padded by 4 floats, V unpadded; P reuses the K tile's space.
     Rung(1, "online_softmax", "fused tiles with an online softmax, on CUDA cores", "pointer",
-         block_m=64, block_n=32, threads=256,
-         smem_bytes=_tile_bytes(64) + 2 * _tile_bytes(32) + 64 * 32 * 4, max_bench_seqlen=4096),
+         block_m=64, block_n=64, threads=256,
+         smem_bytes=4 * ((64 + 64) * (HEAD_DIM + 4) + 64 * HEAD_DIM), max_bench_seqlen=4096),
     Rung(2, "mma_sync", "tensor cores: mma.sync m16n8k16 with ldmatrix, P kept in registers", "pointer",
          block_m=128, block_n=64, threads=256,
          smem_bytes=(128 + 2 * 64) * (HEAD_DIM + 8) * BF16_BYTES,  # padded rows: +8 bf16 each
-         sass_required=("HMMA",)),
+         sass_required=("HMMA", "LDSM")),
     Rung(3, "cp_async", "cp.async multi-buffered, swizzled K/V tiles", "pointer",
          block_m=128, block_n=64, threads=256,
-         smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64), extra_defines={"NUM_STAGES": 2},
-         sass_required=("HMMA", "LDGSTS")),
+         smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64),  # Q + NUM_STAGES x (K, V)
+         extra_defines={"NUM_STAGES": 2},
+         sass_required=("HMMA", "LDSM", "LDGSTS")),
     Rung(4, "fast_softmax", "scale*log2(e) folded into one FFMA before ex2, shuffle reductions", "pointer",
          block_m=128, block_n=64, threads=256,
          smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64), extra_defines={"NUM_STAGES": 2},
-         sass_required=("HMMA", "LDGSTS")),
+         sass_required=("HMMA", "LDSM", "LDGSTS")),
+    # Rungs 5+ take TMA tensor maps (docs/kernel-abi.md): Q box (64, q_box_rows, 1), K/V box
+    # (64, kv_box_rows, 1), 128-B swizzle, zero OOB fill; a tile is two 64-column panels.
+    Rung(5, "tma", "TMA tile loads (cp.async.bulk.tensor, 128-B swizzle) completing on mbarriers; mma.sync compute",
+         "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
+         extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
+         sass_required=("HMMA", "UTMALDG")),
+    Rung(6, "wgmma", "wgmma.mma_async: S = QK^T from smem descriptors (SS), O += PV with P in registers (RS)",
+         "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
+         extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
+         sass_required=("HGMMA", "UTMALDG")),
+    # 384 threads: warpgroup 0 = TMA producer (setmaxnreg 24), warpgroups 1-2 = consumers (240), 64 rows each.
+    Rung(7, "warp_specialized", "producer warpgroup (TMA) + 2 consumer warpgroups, full/empty mbarriers, setmaxnreg",
+         "tma", block_m=128, block_n=64, threads=384, smem_bytes=tma_smem_bytes(128, 64, 2),
+         extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
+         sass_required=("HGMMA", "UTMALDG")),
+    # Sweepable: BLOCK_N in {64, 128, 176, 192} (kv_box_rows = BLOCK_N or a divisor that is a multiple
+    # of 8, <= 256) and NUM_STAGES in {2, 3}; smem = tma_smem_bytes(128, BLOCK_N, NUM_STAGES) must stay
+    # <= 227 KB (232448 B) minus ~100 B of static mbarriers: 128 x 3 stages = 230400 fits, 176/192 only
+    # with 2 stages.
+    Rung(8, "kv_pipeline", "NUM_STAGES-deep K/V ring, K and V released separately, BLOCK_N 128",
+         "tma", block_m=128, block_n=128, threads=384, smem_bytes=tma_smem_bytes(128, 128, 2),
+         extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=128,
+         sass_required=("HGMMA", "UTMALDG")),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

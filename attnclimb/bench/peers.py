@@ -60,7 +60,7 @@ class Impl:
     def skip_reason(self, shape) -> str | None:
         """Why this impl is not run on ``shape`` by default (``None`` = run it)."""
         if self.max_bench_seqlen is not None and shape.seqlen > self.max_bench_seqlen:
-            return f"too slow: seqlen {shape.seqlen} > max_bench_seqlen {self.max_bench_seqlen}"
+            return f"too slow for seqlen > {self.max_bench_seqlen} (max_bench_seqlen)"
         return None
 
 
@@ -161,6 +161,13 @@ def make_peer(key: str) -> Impl:
     raise ValueError(f"unknown peer {key!r}; known: {', '.join(PEER_KEYS)}")
 
 
+def _rung_token(tok: str) -> int | None:
+    """``"4"``, ``"04"``, ``"rung4"``, ``"rung04"`` -> 4; anything else -> None."""
+    t = tok.strip().lower()
+    t = t[4:] if t.startswith("rung") else t
+    return int(t) if t.isdigit() else None
+
+
 def select_impls(rungs_spec: str | None = None, impls_spec: str | None = None, all_rungs=None) -> list:
     """Resolve ``--rungs`` / ``--impls`` into an ordered list of :class:`Impl` (our rungs first, then peers).
 
@@ -200,8 +207,11 @@ def select_impls(rungs_spec: str | None = None, impls_spec: str | None = None, a
                 want_peers += [k for k in PEER_KEYS if k.startswith("sdpa_")]
             elif tok in PEER_KEYS:
                 want_peers.append(tok)
-            elif tok in by_key:
-                want_rungs.append(by_key[tok].number)
+            elif _rung_token(tok) is not None and tok.startswith("rung"):
+                n = _rung_token(tok)
+                if n not in by_num:
+                    raise ValueError(f"unknown rung {n}; available: {sorted(by_num)}")
+                want_rungs.append(n)
             else:
                 raise ValueError(f"unknown impl {tok!r}; known: {', '.join([*by_key, *PEER_KEYS])}, "
                                  "rungs, peers, sdpa, all")
@@ -210,9 +220,9 @@ def select_impls(rungs_spec: str | None = None, impls_spec: str | None = None, a
         for tok in (t.strip() for t in rungs_spec.split(",")):
             if not tok:
                 continue
-            n = int(tok[4:] if tok.lower().startswith("rung") else tok)
-            if n not in by_num:
-                raise ValueError(f"unknown rung {n}; available: {sorted(by_num)}")
+            n = _rung_token(tok)
+            if n is None or n not in by_num:
+                raise ValueError(f"unknown rung {tok!r}; available: {sorted(by_num)}")
             want_rungs.append(n)
 
     impls = [RungImpl(by_num[n]) for n in sorted(set(want_rungs))]

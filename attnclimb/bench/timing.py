@@ -33,15 +33,15 @@ def num_input_sets(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, minimum: in
     return max(minimum, math.ceil(2 * l2_bytes / set_bytes) + 1)
 
 
-def make_inputs(shape, n_sets: int, seed: int = 0) -> list:
-    """``n_sets`` independent (q, k, v) bf16 CUDA tensors of ``shape`` (BHSD, contiguous, N(0, 1))."""
+def make_inputs(shape, n_sets: int, seed: int = 0, device: str = "cuda") -> list:
+    """``n_sets`` independent (q, k, v) bf16 tensors of ``shape`` on ``device`` (BHSD, contiguous, N(0, 1))."""
     import torch
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     sets = []
     for _ in range(n_sets):
         qkv = []
         for s in (shape.seqlen_q, shape.seqlen_k, shape.seqlen_k):
-            qkv.append(torch.randn(shape.batch, shape.heads, s, shape.head_dim, device="cuda",
+            qkv.append(torch.randn(shape.batch, shape.heads, s, shape.head_dim, device=device,
                                    dtype=torch.bfloat16, generator=g))
         sets.append(tuple(qkv))
     return sets

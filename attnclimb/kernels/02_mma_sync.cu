@@ -11,8 +11,8 @@
 // laid out as the A operand of P·V (see pack_p_fragment), so P never touches shared memory.
 //
 // Online softmax as in rung 1: running max m and running sum l per row, O rescaled by
-// exp(scale·(m_old − m_new)) per tile, normalised once at the end. Assumes scale > 0 (the max of
-// scale·s is then the max of s).
+// exp(scale·(m_old − m_new)) per tile, normalised once at the end. A negative scale is
+// handled by negating Q once, so the max is always taken on raw scores.
 //
 // Loads are deliberately plain here: synchronous 16-byte vector loads, __syncthreads, and a padded
 // shared-memory row (HEAD_DIM + 8 bf16) so the 8 row addresses of an ldmatrix hit 8 different
@@ -93,6 +93,15 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shared-memory tiles: 128 bf16 per row plus 8 bf16 of padding
+// ---------------------------------------------------------------------------------------------
+
+// Element offset of (row, col) in a padded tile. A row is 272 bytes = 68 four-byte banks ≡ 4 (mod 32),
+// so the 8 rows of one ldmatrix 8x8 matrix start 4 banks apart and their 16-byte pieces cover all 32
+// banks: one wavefront per matrix, no conflict. (Without the padding all 8 rows would start at bank 0.)
+__device__ __forceinline__ int smem_offset(int row, int col) { return row * SMEM_STRIDE + col; }
+
+// ---------------------------------------------------------------------------------------------
 // Global -> shared tile copies (synchronous)
 // ---------------------------------------------------------------------------------------------
 
@@ -113,7 +122,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid_
     for (int i = 0; i < PER_THREAD; ++i) {
         const int c = tid + i * NUM_THREADS;
         const int row = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
-        *reinterpret_cast<uint4*>(dst + row * SMEM_STRIDE + col) = chunk[i];
+        *reinterpret_cast<uint4*>(dst + smem_offset(row, col)) = chunk[i];
     }
 }
 
@@ -131,15 +140,15 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid_
 // cols = head dims) the same addresses give B fragments of two n8 tiles: r0, r1 = (b0, b1) of
 // columns col0..col0+7 and r2, r3 = (b0, b1) of columns col0+8..col0+15.
 __device__ __forceinline__ uint32_t a_layout_addr(const bf16* tile, int row0, int col0, int lane) {
-    return smem_addr(tile + (row0 + (lane & 15)) * SMEM_STRIDE + col0 + (lane >> 4) * 8);
+    return smem_addr(tile + smem_offset(row0 + (lane & 15), col0 + (lane >> 4) * 8));
 }
 
 // Address for ldmatrix_x4 (no .trans) on a row-major K block: matrices are [keys n0..n0+7, dims
 // k0..k0+7], [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
 // r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
 __device__ __forceinline__ uint32_t b_layout_addr(const bf16* tile, int row0, int col0, int lane) {
-    return smem_addr(tile + (row0 + (lane & 7) + ((lane >> 4) << 3)) * SMEM_STRIDE + col0 +
-                     ((lane >> 3) & 1) * 8);
+    const int row = row0 + (lane & 7) + ((lane >> 4) << 3), col = col0 + ((lane >> 3) & 1) * 8;
+    return smem_addr(tile + smem_offset(row, col));
 }
 
 // The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
@@ -189,7 +198,22 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
     __syncthreads();
     uint32_t q_frag[D_STEPS][4];
 #pragma unroll
-    for (int d = 0; d < D_STEPS; ++d) ldmatrix_x4(q_frag[d], a_layout_addr(s_q, warp * WARP_ROWS, d * 16, lane));
+    for (int d = 0; d < D_STEPS; ++d) {
+        ldmatrix_x4(q_frag[d], a_layout_addr(s_q, warp * WARP_ROWS, d * 16, lane));
+    }
+
+    // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
+    // bits, exact) and the max of the raw scores below is the max of the scaled ones. A zero scale
+    // (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
+    // masked keys and for the first tile's max instead of turning into NaN.
+    if (scale < 0.f) {
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q_frag[d][i] ^= 0x80008000u;
+        }
+    }
+    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
 
     // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
     float o_acc[O_TILES][4];

@@ -88,7 +88,7 @@ def tensor_map(t3d, box_rows: int):
     from cuda.core._tensor_map import TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
 
-    view = StridedMemoryView(t3d, stream_ptr=-1)
+    view = StridedMemoryView.from_dlpack(t3d, stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
         box_dim=(1, box_rows, HEAD_DIM // 2),
         swizzle=TensorMapSwizzle.SWIZZLE_128B,

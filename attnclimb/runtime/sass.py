@@ -1,5 +1,5 @@
 """Disassemble a cubin with ``cuobjdump -sass`` (from the CUDA toolkit or NVIDIA's
-``nvidia-cuda-cuobjdump`` wheel) so CI can check that a rung really uses the instructions it claims."""
+``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm`` wheels) so CI can check that a rung really uses the instructions it claims."""
 
 from __future__ import annotations
 
@@ -35,7 +35,11 @@ def sass(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        res = subprocess.run([exe, "-sass", f.name], capture_output=True, text=True)
+        # cuobjdump delegates sm_90 disassembly to nvdisasm; the wheels install both in one bin folder.
+        env = dict(os.environ)
+        env["PATH"] = os.path.dirname(exe) + os.pathsep + env.get("PATH", "")
+        env.setdefault("NVDISASM_PATH", os.path.dirname(exe))
+        res = subprocess.run([exe, "-sass", f.name], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
     return res.stdout

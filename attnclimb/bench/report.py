@@ -1,0 +1,316 @@
+"""``python -m attnclimb report [json]``: the README results table and the ladder chart, from a results JSON.
+
+Nothing here needs torch or a GPU. The README table lives between ``<!-- results:begin -->`` and
+``<!-- results:end -->``; only the text between the two markers is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from .peers import PEER_KEYS, PEER_LABELS, REFERENCE_KEY
+from .shapes import HEADLINE_SEQLENS
+
+MARK_BEGIN = "<!-- results:begin -->"
+MARK_END = "<!-- results:end -->"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_JSON = _REPO_ROOT / "benchmarks" / "results" / "latest.json"
+DEFAULT_README = _REPO_ROOT / "README.md"
+
+
+def load_results(path) -> dict:
+    """Read a results JSON written by ``bench``. ``FileNotFoundError`` / ``ValueError`` (bad JSON or no rows)."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError(f"{path}: not an attnclimb results file (no 'rows' list)")
+    return doc
+
+
+# ------------------------------------------------------------------------------------------ table model
+
+def _columns(doc: dict) -> list:
+    """``[(shape_name, label), ...]`` in bench order (from ``doc['shapes']``, else first appearance in rows)."""
+    cols = [(s["name"], s.get("label", s["name"])) for s in doc.get("shapes", [])]
+    seen = {n for n, _ in cols}
+    for r in doc["rows"]:
+        if r["shape"] not in seen:
+            seen.add(r["shape"])
+            cols.append((r["shape"], r["shape"]))
+    return cols
+
+
+def _rung_number(impl: str) -> int | None:
+    if impl.startswith("rung") and impl[4:].isdigit():
+        return int(impl[4:])
+    return None
+
+
+def impl_order(doc: dict) -> list:
+    """Impl keys as table rows: our rungs by number, then the peers in :data:`PEER_KEYS` order, then others."""
+    keys = list(dict.fromkeys(r["impl"] for r in doc["rows"]))
+    ours = sorted((k for k in keys if _rung_number(k) is not None), key=_rung_number)
+    peers = [k for k in PEER_KEYS if k in keys]
+    rest = [k for k in keys if k not in ours and k not in peers]
+    return ours + peers + rest
+
+
+def _labels(doc: dict) -> dict:
+    out = {}
+    for r in doc["rows"]:
+        out.setdefault(r["impl"], r.get("label") or PEER_LABELS.get(r["impl"], r["impl"]))
+    return out
+
+
+def _shape_detail(doc: dict, name: str) -> str:
+    for s in doc.get("shapes", []):
+        if s["name"] == name and not name.startswith("fa-"):
+            return f" (B{s['batch']} H{s['heads']} S{s['seqlen_k']})"
+    return ""
+
+
+def format_cudnn(v) -> str:
+    """``91900 -> "9.19.0"`` (cuDNN >= 9 encoding), ``8907 -> "8.9.7"``; other values as given."""
+    if isinstance(v, int) and v > 0:
+        if v >= 90000:
+            return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+        return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
+    return str(v)
+
+
+def caption(doc: dict) -> str:
+    """One line naming device, driver, torch, CUDA, cuDNN, commit and date of the run."""
+    commit = str(doc.get("commit") or "unknown")
+    dirty = commit.endswith("-dirty")
+    short = commit[: -len("-dirty")][:12] + "-dirty" if dirty else commit[:12]
+    return (f"{doc.get('device', '?')} · driver {doc.get('driver_version', '?')} · torch {doc.get('torch_version', '?')}"
+            f" · CUDA {doc.get('cuda_version', '?')} · cuDNN {format_cudnn(doc.get('cudnn_version'))}"
+            f" · commit {short} · {doc.get('date', '?')}")
+
+
+def table_model(doc: dict, times: str = "×") -> tuple:
+    """``(header, body, footnotes)`` for the results table.
+
+    header: ``["impl", <column labels>...]``; body: one list of strings per impl (label then cells, a cell
+    is ``"612 (1.00×)"`` for ok rows, ``"—"`` skipped, ``"error"``); footnotes: one line per
+    (impl, non-ok status) naming the columns it applies to.
+    """
+    cols = _columns(doc)
+    labels = _labels(doc)
+    by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
+    header = ["impl"] + [lab + _shape_detail(doc, name) for name, lab in cols]
+    body, notes = [], {}
+    for impl in impl_order(doc):
+        cells = [labels[impl]]
+        for name, lab in cols:
+            r = by.get((impl, name))
+            if r is None:
+                cells.append("")
+                continue
+            st = r["status"]
+            if st == "ok":
+                ratio = r.get("ratio_to_cudnn")
+                cells.append(f"{r['tflops']:.0f}" + (f" ({ratio:.2f}{times})" if ratio is not None else ""))
+            else:
+                cells.append("—" if st.startswith("skipped") else "error")
+                notes.setdefault((impl, st), []).append(lab)
+        body.append(cells)
+    foot = [f"{impl} at {', '.join(labs)}: {st}" for (impl, st), labs in notes.items()]
+    return header, body, foot
+
+
+def markdown_table(doc: dict, source: str | None = None) -> str:
+    """The README block: caption, a markdown table (TFLOP/s and ×cuDNN per column), then the footnotes."""
+    header, body, foot = table_model(doc)
+    ref = "× = ratio to SDPA cuDNN in the same run" if any(r["impl"] == REFERENCE_KEY for r in doc["rows"]) else ""
+    lines = [f"_{caption(doc)}_", "",
+             "Forward TFLOP/s (4·B·H·Sq·Sk·D / median time), bf16, head_dim 128, non-causal; FA-paper columns: "
+             "16 heads, batch·seqlen = 16384" + (f"; {ref}" if ref else "") + ".", ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|")
+    for row in body:
+        lines.append("| " + " | ".join(row) + " |")
+    if foot:
+        lines.append("")
+        lines += [f"- {f}" for f in foot]
+    lines.append("")
+    lines.append(f"<sub>Generated by `python -m attnclimb report{(' ' + source) if source else ''}`; "
+                 "do not edit by hand.</sub>")
+    return "\n".join(lines)
+
+
+def console_table(doc: dict) -> str:
+    """The same table as plain aligned text for a terminal (``x`` for the cuDNN ratio), caption first."""
+    header, body, foot = table_model(doc, times="x")
+    rows = [header] + body
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+
+    def fmt(r):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    out = [caption(doc), "TFLOP/s (x cuDNN)", fmt(header), "  ".join("-" * w for w in widths)]
+    out += [fmt(r) for r in body]
+    out += [f"  {f}" for f in foot]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------- README
+
+def replace_between_markers(text: str, block: str) -> str | None:
+    """``text`` with everything strictly between the first ``MARK_BEGIN`` and the next ``MARK_END``
+    replaced by ``"\\n" + block + "\\n"``; the markers and everything outside them are kept byte for byte.
+
+    Returns ``None`` when either marker is missing (or the end marker precedes the begin marker).
+    """
+    i = text.find(MARK_BEGIN)
+    if i < 0:
+        return None
+    j = text.find(MARK_END, i + len(MARK_BEGIN))
+    if j < 0:
+        return None
+    return text[: i + len(MARK_BEGIN)] + "\n" + block.strip("\n") + "\n" + text[j:]
+
+
+def update_readme(readme, block: str) -> bool:
+    """Write ``block`` between the markers of ``readme``. ``False`` (file untouched) if it or its markers are missing."""
+    readme = Path(readme)
+    if not readme.is_file():
+        return False
+    text = readme.read_text()
+    new = replace_between_markers(text, block)
+    if new is None:
+        return False
+    if new != text:
+        readme.write_text(new)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ chart
+
+def spread_labels(ys: list, min_gap: float) -> list:
+    """Nudge label heights apart so neighbours are at least ``min_gap`` apart, keeping their order and
+    their mean. Returns new heights in the input order."""
+    if not ys:
+        return []
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    pos = [ys[i] for i in order]
+    for k in range(1, len(pos)):
+        pos[k] = max(pos[k], pos[k - 1] + min_gap)
+    shift = (sum(pos) - sum(ys[i] for i in order)) / len(pos)
+    pos = [p - shift for p in pos]
+    for k in range(1, len(pos)):  # re-enforce the gap after the shift (it is uniform, so this is a no-op
+        pos[k] = max(pos[k], pos[k - 1] + min_gap)  # except for float rounding)
+    out = [0.0] * len(ys)
+    for k, i in enumerate(order):
+        out[i] = pos[k]
+    return out
+
+
+def _chart_columns(doc: dict) -> list:
+    shapes = doc.get("shapes") or []
+    fa = [s for s in shapes if s["name"].startswith("fa-")]
+    head = [s for s in fa if s.get("headline") or s["seqlen_k"] in HEADLINE_SEQLENS]
+    return [(s["name"], s.get("label", s["name"])) for s in (head or fa or shapes)]
+
+
+def write_chart(doc: dict, path) -> Path | None:
+    """PNG of TFLOP/s by rung (one line per headline seqlen) with the peers as labelled horizontal lines.
+
+    Returns the path written, or ``None`` when matplotlib is not importable. Missing points (skipped or
+    failed rows) leave gaps.
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
+    labels = _labels(doc)
+    rungs = [k for k in impl_order(doc) if _rung_number(k) is not None]
+    peers = [k for k in PEER_KEYS if any(r["impl"] == k for r in doc["rows"])]
+    cols = _chart_columns(doc)
+    xs = [_rung_number(k) for k in rungs]
+
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {"sdpa_cudnn": "--", "sdpa_flash": ":", "sdpa_efficient": "-.", "fa4": (0, (6, 2, 1, 2))}
+    ymax = 1.0
+    peer_marks = []
+    for ci, (name, lab) in enumerate(cols):
+        color = colors[ci % len(colors)]
+        ys = [by[(k, name)]["tflops"] if (k, name) in by and by[(k, name)]["status"] == "ok" else math.nan
+              for k in rungs]
+        if rungs:
+            ax.plot(xs, ys, marker="o", color=color, label=f"attnclimb, seqlen {lab}", linewidth=2)
+            for x, y in zip(xs, ys):
+                if y == y:
+                    ymax = max(ymax, y)
+        for pk in peers:
+            r = by.get((pk, name))
+            if r and r["status"] == "ok":
+                ax.axhline(r["tflops"], color=color, linestyle=styles.get(pk, "--"), linewidth=1, alpha=0.8)
+                peer_marks.append((r["tflops"], f"{PEER_LABELS.get(pk, pk)} @ {lab}: {r['tflops']:.0f}", color))
+                ymax = max(ymax, r["tflops"])
+    ax.set_ylim(0, ymax * 1.08)
+    if xs:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{_rung_number(k)}\n{labels[k].split(' ', 1)[-1]}" for k in rungs], fontsize=8)
+        ax.set_xlim(min(xs) - 0.4, max(xs) + 0.4)
+    ax.set_xlabel("rung")
+    ax.set_ylabel("TFLOP/s (forward)")
+    ax.grid(axis="y", alpha=0.3)
+    if peer_marks:
+        heights = spread_labels([m[0] for m in peer_marks], ymax * 1.08 * 0.028)
+        for (y, text, color), yl in zip(peer_marks, heights):
+            ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(1.01, yl),
+                        textcoords=("axes fraction", "data"), fontsize=7, color=color, va="center",
+                        arrowprops=dict(arrowstyle="-", color=color, lw=0.5, relpos=(0, 0.5)), annotation_clip=False)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("attnclimb: attention forward, bf16, head_dim 128, non-causal, 16 heads, batch·seqlen 16384",
+                 fontsize=10)
+    fig.text(0.01, 0.01, caption(doc), fontsize=7, color="0.35")
+    fig.subplots_adjust(left=0.07, right=0.74, bottom=0.16, top=0.93)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# -------------------------------------------------------------------------------------------------- CLI
+
+def add_arguments(p) -> None:
+    """Add the ``report`` options to an argparse (sub)parser."""
+    p.add_argument("json", nargs="?", default=None, help=f"results file (default: {DEFAULT_JSON})")
+    p.add_argument("--readme", default=None, help=f"README to update between the markers (default: {DEFAULT_README})")
+    p.add_argument("--chart", default=None, help="chart path (default: ladder.png next to the JSON)")
+    p.add_argument("--no-chart", action="store_true", help="don't write the chart")
+
+
+def main(args) -> int:
+    """Run the ``report`` subcommand: 0 on success (also when README has no markers), 1 on a bad JSON."""
+    path = Path(args.json) if args.json else DEFAULT_JSON
+    try:
+        doc = load_results(path)
+    except (OSError, ValueError) as exc:
+        print(f"attnclimb report: cannot read {path}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        source = str(path.resolve().relative_to(_REPO_ROOT))
+    except ValueError:
+        source = str(path)
+    block = markdown_table(doc, source=source)
+    readme = Path(args.readme) if args.readme else DEFAULT_README
+    if update_readme(readme, block):
+        print(f"updated {readme} (between {MARK_BEGIN} and {MARK_END})")
+    else:
+        why = "does not exist" if not readme.is_file() else f"has no {MARK_BEGIN} ... {MARK_END} markers"
+        print(f"{readme} {why}; the table:\n")
+        print(block)
+    if not args.no_chart:
+        png = write_chart(doc, Path(args.chart) if args.chart else path.parent / "ladder.png")
+        print(f"wrote {png}" if png else "chart skipped: matplotlib not importable")
+    return 0

@@ -1,0 +1,393 @@
+// Rung 3 — asynchronous copies: cp.async into a NUM_STAGES-deep ring of swizzled K/V tiles.
+//
+// The idea (over rung 2): global -> shared copies become cp.async.cg.shared.global (PTX ISA, "Data
+// movement and conversion instructions: cp.async", with cp.async.commit_group / cp.async.wait_group).
+// They go from L2 to shared memory without passing through registers and do not block the issuing
+// thread, so the copy of K/V tile n+NUM_STAGES-1 is in flight while the warps compute on tile n:
+// memory latency hides behind the mma work instead of stalling all 8 warps at a __syncthreads (the
+// multistage software pipeline of Ampere GEMMs, used by FlashAttention-2 as well). Tails are
+// zero-filled by the copy itself: src-size 0 writes 16 zero bytes and reads nothing.
+//
+// The 16-byte padding of rung 2 gives way to an XOR swizzle: a tile is dense (256-byte rows) and the
+// 16-byte chunk c of row r is stored at chunk c ^ (r % 8), which spreads the 8 rows of an ldmatrix
+// 8x8 matrix over 8 different bank groups just as the padding did, at no extra shared memory.
+//
+// Unchanged from rung 2: S = Q·Kᵀ and O += P·V on mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+// (PTX ISA, "Warp-level matrix multiply-accumulate instructions") fed by ldmatrix (.trans for V);
+// each of the 8 warps owns 16 rows of Q (FlashAttention-2, Dao 2023, Sec. 3.3); P is re-packed from
+// the S accumulators as the A operand of P·V without touching shared memory; online softmax with
+// running max and sum, O normalised once at the end; a negative scale negates Q once.
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_THREADS
+#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_STAGES
+#error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
+#endif
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned int uint32_t;  // NVRTC has no <stdint.h>
+
+#define NEG_INF (-CUDART_INF_F)
+
+constexpr int NUM_WARPS = NUM_THREADS / 32;
+constexpr int WARP_ROWS = 16;                    // rows of Q per warp = M of one mma
+constexpr int KV_TILE = BLOCK_N * HEAD_DIM;      // bf16 in one K (or V) tile in shared memory
+constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;     // 16-byte chunks in one 128-column row
+constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+
+static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
+static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
+static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 16 rows of Q");
+static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
+static_assert((BLOCK_M * CHUNKS_PER_ROW) % NUM_THREADS == 0, "Q tile must split evenly over threads");
+static_assert((BLOCK_N * CHUNKS_PER_ROW) % NUM_THREADS == 0, "K/V tiles must split evenly over threads");
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously (bypassing L1 and registers). src_bytes is 16 or 0; the
+// part of the 16 bytes past src_bytes is filled with zeros, so 0 writes a zero chunk and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+// Close the group of cp.async issued by this thread since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
+// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory tiles: dense 128-bf16 rows, 16-byte chunks XOR-swizzled
+// ---------------------------------------------------------------------------------------------
+
+// Element offset of (row, col) in a swizzled tile: chunk (col / 8) of row r lives at chunk
+// (col / 8) ^ (r % 8). A dense row is 256 bytes, so without the swizzle the 8 rows of an ldmatrix
+// 8x8 matrix (same chunk, 8 consecutive rows) would all sit in the same 4 banks: an 8-way conflict.
+// With it they land in 8 different chunks of one 128-byte span: all 32 banks, one wavefront. The
+// copies are conflict-free too: 8 consecutive threads write chunks 0-7 (or 8-15) of one row, which
+// the XOR only permutes.
+__device__ __forceinline__ int smem_offset(int row, int col) {
+    return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global -> shared tile copies (asynchronous)
+// ---------------------------------------------------------------------------------------------
+
+// Start copying a ROWS x 128 bf16 tile, row-major in global memory, into swizzled shared memory.
+// Rows at or past valid_rows are zero-filled; their source address is clamped to row 0 of the tile
+// (always a real row), so no out-of-bounds address is ever formed. Completion: cp_async_wait.
+template <int ROWS>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int valid_rows, int tid) {
+    constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / NUM_THREADS;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+        const int c = tid + i * NUM_THREADS;
+        const int row = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
+        const bool valid = row < valid_rows;
+        cp_async_16(smem_addr(dst + smem_offset(row, col)), src + (valid ? row : 0) * HEAD_DIM + col,
+                    valid ? 16 : 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragment helpers. Notation (PTX ISA mma.m16n8k16): lane = 4*g + t, g = groupID (0..7),
+// t = threadID_in_group (0..3).
+//   A (16x16): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
+//   B (16x8):  b0 = (k 2t..2t+1, n g)  b1 = (k 2t+8..2t+9, n g)
+//   C (16x8):  c0,c1 = (g, 2t..2t+1)   c2,c3 = (g+8, 2t..2t+1)
+// ---------------------------------------------------------------------------------------------
+
+// ldmatrix row addresses. a-layout: the lane's row address such that the four matrices are the four
+// 8x8 quarters of a 16x16 block in A-fragment order: [rows 0-7 | rows 8-15] x [cols 0-7 | cols 8-15]
+// -> a0, a1, a2, a3. With .trans on a row-major V block (rows = keys, cols = head dims) the same
+// addresses give B fragments of two n8 tiles: r0, r1 = (b0, b1) of columns col0..col0+7 and
+// r2, r3 = (b0, b1) of columns col0+8..col0+15.
+// b-layout (no .trans) on a row-major K block: matrices are [keys n0..n0+7, dims k0..k0+7],
+// [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
+// r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
+//
+// With the swizzle an address is no longer linear in (row0, col0), and recomputing the XOR for each
+// of the 64 ldmatrix of a tile costs instructions and registers. But every block starts on a multiple
+// of 8 rows, so a lane's row % 8 (the XOR key) is fixed, and the XOR only touches the low 3 bits of
+// the chunk index: four per-lane offsets, for chunk pairs 0-1, 2-3, 4-5 and 6-7, plus compile-time
+// constants (+8 chunks = +128 bytes, +1 row = +256 bytes) reach every block.
+struct LaneOffsets {
+    uint32_t bytes[4];
+};
+
+__device__ __forceinline__ LaneOffsets a_layout_offsets(int lane) {
+    LaneOffsets lo;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo.bytes[i] = 2 * smem_offset(lane & 15, 16 * i + (lane >> 4) * 8);
+    return lo;
+}
+
+__device__ __forceinline__ LaneOffsets b_layout_offsets(int lane) {
+    LaneOffsets lo;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo.bytes[i] = 2 * smem_offset((lane & 7) + ((lane >> 4) << 3), 16 * i + ((lane >> 3) & 1) * 8);
+    }
+    return lo;
+}
+
+// Address of the block at (row0, col0) of the tile at shared address `tile`; row0 must be a multiple
+// of 8 and col0 of 16 (compile-time constants in every call, so this folds to one add).
+__device__ __forceinline__ uint32_t block_addr(uint32_t tile, const LaneOffsets& lo, int row0, int col0) {
+    return tile + lo.bytes[(col0 / 16) % 4] + (col0 / 64) * 128 + row0 * HEAD_DIM * 2;
+}
+
+// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
+// slice j of P·V, element for element:
+//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
+//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
+__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
+                                                const float (&s_hi)[4]) {
+    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
+    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
+    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
+    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
+}
+
+// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+         bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* s_q = reinterpret_cast<bf16*>(smem_raw);  // BLOCK_M x HEAD_DIM
+    bf16* s_kv = s_q + BLOCK_M * HEAD_DIM;           // NUM_STAGES x (K tile, V tile)
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.x / num_m_blocks;
+    const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
+    const bf16* k_head = k + bh * seqlen_k * HEAD_DIM;
+    const bf16* v_head = v + bh * seqlen_k * HEAD_DIM;
+
+    const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+
+    // Copy K/V tile nb into ring slot nb % NUM_STAGES (K first, then V).
+    auto load_kv_async = [&](int nb) {
+        bf16* slot = s_kv + (nb % NUM_STAGES) * 2 * KV_TILE;
+        const int n_start = nb * BLOCK_N;
+        load_tile_async<BLOCK_N>(slot, k_head + n_start * HEAD_DIM, seqlen_k - n_start, tid);
+        load_tile_async<BLOCK_N>(slot + KV_TILE, v_head + n_start * HEAD_DIM, seqlen_k - n_start, tid);
+    };
+
+    // Prologue. Commit groups, in order: Q, then K/V tiles 0 .. NUM_STAGES-2. A group is committed
+    // even when there is no tile to load, so that "group i+1 holds tile i" stays true and the
+    // wait counts below are constants.
+    load_tile_async<BLOCK_M>(s_q, q + (bh * seqlen_q + m_start) * HEAD_DIM, seqlen_q - m_start, tid);
+    cp_async_commit();
+#pragma unroll
+    for (int nb = 0; nb < NUM_STAGES - 1; ++nb) {
+        if (nb < num_n_blocks) load_kv_async(nb);
+        cp_async_commit();
+    }
+
+    // Q: shared -> registers, once (16 rows x 128 dims per warp = 8 A fragments), as soon as its
+    // group has landed; the NUM_STAGES-1 K/V groups behind it may still be in flight.
+    cp_async_wait<NUM_STAGES - 1>();
+    __syncthreads();
+    const LaneOffsets a_offs = a_layout_offsets(lane), b_offs = b_layout_offsets(lane);
+    uint32_t q_frag[D_STEPS][4];
+#pragma unroll
+    for (int d = 0; d < D_STEPS; ++d) {
+        ldmatrix_x4(q_frag[d], block_addr(smem_addr(s_q), a_offs, warp * WARP_ROWS, d * 16));
+    }
+
+    // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
+    // bits, exact) and the max of the raw scores below is the max of the scaled ones. A zero scale
+    // (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
+    // masked keys and for the first tile's max instead of turning into NaN.
+    if (scale < 0.f) {
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q_frag[d][i] ^= 0x80008000u;
+        }
+    }
+    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+
+    // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
+    float o_acc[O_TILES][4];
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};
+    float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
+
+    for (int nb = 0; nb < num_n_blocks; ++nb) {
+        const int n_start = nb * BLOCK_N;
+        // Tile nb is group nb+1; NUM_STAGES+nb groups are committed, so allowing NUM_STAGES-2 of them
+        // in flight means this thread's copies of tile nb are done. The barrier then makes every
+        // thread's copies visible, and guarantees every warp has finished computing on tile nb-1,
+        // whose slot the prefetch below overwrites.
+        cp_async_wait<NUM_STAGES - 2>();
+        __syncthreads();
+        if (nb + NUM_STAGES - 1 < num_n_blocks) load_kv_async(nb + NUM_STAGES - 1);
+        cp_async_commit();  // possibly empty, see the prologue
+        const uint32_t s_k = smem_addr(s_kv + (nb % NUM_STAGES) * 2 * KV_TILE);
+        const uint32_t s_v = s_k + KV_TILE * 2;
+
+        // ---- S = Q·Kᵀ (16 x BLOCK_N per warp), fp32 in registers ----
+        float s[S_TILES][4];
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; j += 2) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, block_addr(s_k, b_offs, j * 8, d * 16));
+                mma_m16n8k16(s[j], q_frag[d], kb[0], kb[1]);
+                mma_m16n8k16(s[j + 1], q_frag[d], kb[2], kb[3]);
+            }
+        }
+
+        // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        if (n_start + BLOCK_N > seqlen_k) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (n_start + j * 8 + 2 * t + (e & 1) >= seqlen_k) s[j][e] = NEG_INF;
+                }
+            }
+        }
+
+        // ---- online softmax: new running max, rescale factor, P = exp(scale·(S − m)) ----
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
+            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
+            m_use[r] = m_new == NEG_INF ? 0.f : m_new;
+            alpha[r] = expf((row_max[r] - m_use[r]) * scale);  // first tile: exp(−inf) = 0
+            row_max[r] = m_new;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = expf((s[j][e] - m_use[e >> 1]) * scale);
+                row_sum[e >> 1] += s[j][e];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+            o_acc[j][0] *= alpha[0];
+            o_acc[j][1] *= alpha[0];
+            o_acc[j][2] *= alpha[1];
+            o_acc[j][3] *= alpha[1];
+        }
+
+        // ---- O += P·V: P re-packed in registers as A fragments, V via ldmatrix.trans ----
+#pragma unroll
+        for (int kv = 0; kv < KV_STEPS; ++kv) {
+            uint32_t p_frag[4];
+            pack_p_fragment(p_frag, s[2 * kv], s[2 * kv + 1]);
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, block_addr(s_v, a_offs, kv * 16, j * 8));
+                mma_m16n8k16(o_acc[j], p_frag, vb[0], vb[1]);
+                mma_m16n8k16(o_acc[j + 1], p_frag, vb[2], vb[3]);
+            }
+        }
+    }
+
+    // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const int row = m_start + warp * WARP_ROWS + g + 8 * r;
+        if (row < seqlen_q) {
+            bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+            }
+        }
+    }
+}

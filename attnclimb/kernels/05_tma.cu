@@ -1,0 +1,406 @@
+// Rung 5 — TMA: whole tiles fetched by the Tensor Memory Accelerator, completion on mbarriers.
+//
+// The idea (over rung 4): stop spending 256 threads' instructions on data movement. In rung 4 every
+// thread computes addresses, bounds checks and a swizzled destination for 12 cp.async of 16 bytes per
+// K/V tile and the whole CTA waits on cp.async groups + __syncthreads. On Hopper one thread can hand a
+// whole box to the TMA unit with cp.async.bulk.tensor: the tensor map (built once on the host, see
+// docs/kernel-abi.md) holds the shape, strides and swizzle, the unit generates the addresses, zero-fills
+// rows past seqlen (the tensor map's third dimension is the head, so nothing is read from the next head)
+// and writes the box 128-byte swizzled. Completion is counted in bytes on an mbarrier
+// (arrive.expect_tx, then complete_tx by the copy); consumers wait on the barrier's phase parity.
+// The swizzle is now the hardware's: a 128-column row is two 64-column panels (a 128-B swizzled box is
+// at most 128 B wide), each panel rows of 128 B in 1024-B atoms of 8 rows, with 16-B chunk c of row r
+// at chunk c ^ (r % 8) — the same XOR as rung 4's, but inside 128-B panel rows instead of 256-B rows,
+// so only the ldmatrix address arithmetic changes.
+// Sources: PTX ISA "cp.async.bulk.tensor", "Tensor Copy" / "Tensor-map" (swizzle modes), "mbarrier";
+// CUDA C++ Programming Guide, "Tensor Memory Access"; FlashAttention-3 (Shah et al., 2024) Sec. 3.1.
+//
+// Unchanged from rung 4: mma.sync.m16n8k16 fed by ldmatrix (.trans for V); 8 warps x 16 rows of Q;
+// P re-packed from the S accumulators in registers; exp2 softmax with scale*log2(e) folded into one
+// FFMA; a NUM_STAGES-deep K/V ring (now: thread 0 refills, everybody waits on mbarriers, and a
+// __syncthreads() per tile still guards slot reuse).
+//
+// Shared memory (1024-B aligned): [ Q: 2 panels x BLOCK_M x 128 B ][ K stages ][ V stages ], each K or V
+// stage 2 panels x BLOCK_N x 128 B.
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include "hopper.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_THREADS
+#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_STAGES
+#error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#if !defined(Q_BOX_ROWS) || !defined(KV_BOX_ROWS)
+#error "Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+
+typedef __nv_bfloat16 bf16;
+
+#define NEG_INF (-CUDART_INF_F)
+
+constexpr int NUM_WARPS = NUM_THREADS / 32;
+constexpr int WARP_ROWS = 16;                    // rows of Q per warp = M of one mma
+constexpr uint32_t ROW_BYTES = 128;               // one row of a 64-column bf16 panel
+constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;  // bytes of one 64-column panel of the Q tile
+constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES; // ... of a K or V tile
+constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;   // a K (or V) tile: two panels
+constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+
+static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
+static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
+static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
+static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
+static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 16 rows of Q");
+static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
+// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the special-function unit: one MUFU.EX2, no range handling (2^−inf = +0, subnormals -> 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
+// ---------------------------------------------------------------------------------------------
+
+// Byte offset of (row, col), col < 64, inside one 64-column panel as the TMA 128-B swizzle writes it:
+// 128-B rows; 16-B chunk (col / 8) of row r lives at chunk (col / 8) ^ (r % 8) (the XOR is of shared
+// address bits [4,7) with bits [7,10), hence the 1024-B alignment of every panel). As in rung 4, the 8
+// rows of an ldmatrix 8x8 matrix (same chunk, 8 consecutive rows) land in 8 different chunks of the
+// 1024-B atom: 32 different banks, one wavefront.
+__device__ __forceinline__ uint32_t smem_offset(int row, int col) {
+    return row * ROW_BYTES + ((((col >> 3) & 7) ^ (row & 7)) << 4) + ((col & 7) << 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global -> shared tile copies (TMA, one thread)
+// ---------------------------------------------------------------------------------------------
+
+// A (rows x 128) bf16 tile = two 64-column panels, each `rows / box_rows` boxes high; panel p lands at
+// dst + p * rows * 128 B. Coordinates (col, row, bh), innermost first; rows past seqlen are zero-filled
+// by the TMA unit and still count toward the barrier's transaction bytes.
+__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
+                                              int box_rows, int row0, int bh) {
+    for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            hop::tma_load_3d(dst + (p * rows + r) * ROW_BYTES, map, bar, p * 64, row0 + r, bh);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragment helpers. Notation (PTX ISA mma.m16n8k16): lane = 4*g + t, g = groupID (0..7),
+// t = threadID_in_group (0..3).
+//   A (16x16): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
+//   B (16x8):  b0 = (k 2t..2t+1, n g)  b1 = (k 2t+8..2t+9, n g)
+//   C (16x8):  c0,c1 = (g, 2t..2t+1)   c2,c3 = (g+8, 2t..2t+1)
+// ---------------------------------------------------------------------------------------------
+
+// ldmatrix row addresses. a-layout: the lane's row address such that the four matrices are the four
+// 8x8 quarters of a 16x16 block in A-fragment order: [rows 0-7 | rows 8-15] x [cols 0-7 | cols 8-15]
+// -> a0, a1, a2, a3. With .trans on a row-major V block (rows = keys, cols = head dims) the same
+// addresses give B fragments of two n8 tiles: r0, r1 = (b0, b1) of columns col0..col0+7 and
+// r2, r3 = (b0, b1) of columns col0+8..col0+15.
+// b-layout (no .trans) on a row-major K block: matrices are [keys n0..n0+7, dims k0..k0+7],
+// [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
+// r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
+//
+// With the swizzle an address is no longer linear in (row0, col0), and recomputing the XOR for each
+// of the 64 ldmatrix of a tile costs instructions and registers. But every block starts on a multiple
+// of 8 rows, so a lane's row % 8 (the XOR key) is fixed, and the XOR only touches the chunk index
+// inside a panel: four per-lane offsets, for chunk pairs 0-1, 2-3, 4-5 and 6-7, plus compile-time
+// constants (next panel = +panel bytes, +1 row = +128 bytes) reach every block.
+struct LaneOffsets {
+    uint32_t bytes[4];
+};
+
+__device__ __forceinline__ LaneOffsets a_layout_offsets(int lane) {
+    LaneOffsets lo;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo.bytes[i] = smem_offset(lane & 15, 16 * i + (lane >> 4) * 8);
+    return lo;
+}
+
+__device__ __forceinline__ LaneOffsets b_layout_offsets(int lane) {
+    LaneOffsets lo;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo.bytes[i] = smem_offset((lane & 7) + ((lane >> 4) << 3), 16 * i + ((lane >> 3) & 1) * 8);
+    }
+    return lo;
+}
+
+// Address of the block at (row0, col0) of the tile at shared address `tile` whose 64-column panels are
+// `panel` bytes apart; row0 must be a multiple of 8 and col0 of 16 (compile-time constants in every
+// call, so this folds to one add).
+__device__ __forceinline__ uint32_t block_addr(uint32_t tile, uint32_t panel, const LaneOffsets& lo, int row0,
+                                               int col0) {
+    return tile + lo.bytes[(col0 / 16) % 4] + (col0 / 64) * panel + row0 * ROW_BYTES;
+}
+
+// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
+// slice j of P·V, element for element:
+//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
+//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
+__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
+                                                const float (&s_hi)[4]) {
+    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
+    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
+    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
+    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
+}
+
+// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
+         const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
+         int num_m_blocks, float scale) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* s_q = hop::align_1024(smem_raw);        // 2 panels x BLOCK_M rows
+    unsigned char* s_k = s_q + 2 * Q_PANEL;                // NUM_STAGES K tiles
+    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES; // NUM_STAGES V tiles
+    __shared__ __align__(8) uint64_t bar_q;
+    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];   // K tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];   // V tile of the stage has landed
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.x / num_m_blocks;
+    const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
+
+    const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+
+    // Thread 0 copies K/V tile nb into ring slot nb % NUM_STAGES; K and V complete on separate
+    // barriers so S = Q·Kᵀ can start before V has landed.
+    auto load_kv = [&](int nb) {
+        const int slot = nb % NUM_STAGES;
+        hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
+        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N, bh);
+        hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
+        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N, bh);
+    };
+
+    // Prologue: barriers (one arrival each: thread 0's arrive.expect_tx), then Q and K/V tiles
+    // 0 .. NUM_STAGES-2.
+    if (tid == 0) {
+        hop::tma_prefetch_desc(&tmap_q);
+        hop::tma_prefetch_desc(&tmap_k);
+        hop::tma_prefetch_desc(&tmap_v);
+        hop::mbar_init(&bar_q, 1);
+        for (int st = 0; st < NUM_STAGES; ++st) {
+            hop::mbar_init(&bar_k[st], 1);
+            hop::mbar_init(&bar_v[st], 1);
+        }
+        hop::fence_barrier_init();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
+        tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+        for (int nb = 0; nb < NUM_STAGES - 1 && nb < num_n_blocks; ++nb) load_kv(nb);
+    }
+    __syncwarp();
+
+    // Q: shared -> registers, once (16 rows x 128 dims per warp = 8 A fragments).
+    hop::mbar_wait(&bar_q, 0);
+    const LaneOffsets a_offs = a_layout_offsets(lane), b_offs = b_layout_offsets(lane);
+    uint32_t q_frag[D_STEPS][4];
+#pragma unroll
+    for (int d = 0; d < D_STEPS; ++d) {
+        ldmatrix_x4(q_frag[d], block_addr(smem_addr(s_q), Q_PANEL, a_offs, warp * WARP_ROWS, d * 16));
+    }
+
+    // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
+    // bits, exact) and the max of the raw scores below is the max of the scaled ones. A zero scale
+    // (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
+    // masked keys and for the first tile's max instead of turning into NaN.
+    if (scale < 0.f) {
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q_frag[d][i] ^= 0x80008000u;
+        }
+    }
+    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+
+    // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
+    float o_acc[O_TILES][4];
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};  // raw scores (scale not applied)
+    const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
+    float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
+
+    uint32_t phase = 0;  // parity of the barrier phase that holds tile nb in its slot
+    for (int nb = 0; nb < num_n_blocks; ++nb) {
+        const int n_start = nb * BLOCK_N;
+        const int slot = nb % NUM_STAGES;
+        // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
+        // prefetch below overwrites (ldmatrix reads are complete once the warp has their registers).
+        __syncthreads();
+        if (tid == 0 && nb + NUM_STAGES - 1 < num_n_blocks) load_kv(nb + NUM_STAGES - 1);
+        __syncwarp();
+        const uint32_t s_kt = smem_addr(s_k + slot * KV_TILE_BYTES);
+        const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
+
+        // ---- S = Q·Kᵀ (16 x BLOCK_N per warp), fp32 in registers ----
+        float s[S_TILES][4];
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        hop::mbar_wait(&bar_k[slot], phase);
+#pragma unroll
+        for (int d = 0; d < D_STEPS; ++d) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; j += 2) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, block_addr(s_kt, KV_PANEL, b_offs, j * 8, d * 16));
+                mma_m16n8k16(s[j], q_frag[d], kb[0], kb[1]);
+                mma_m16n8k16(s[j + 1], q_frag[d], kb[2], kb[3]);
+            }
+        }
+
+        // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        if (n_start + BLOCK_N > seqlen_k) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (n_start + j * 8 + 2 * t + (e & 1) >= seqlen_k) s[j][e] = NEG_INF;
+                }
+            }
+        }
+
+        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − m·c), c = scale·log2 e ----
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float alpha[2], m_scaled[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
+            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
+            m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
+            alpha[r] = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
+            row_max[r] = m_new;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
+                row_sum[e >> 1] += s[j][e];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+            o_acc[j][0] *= alpha[0];
+            o_acc[j][1] *= alpha[0];
+            o_acc[j][2] *= alpha[1];
+            o_acc[j][3] *= alpha[1];
+        }
+
+        // ---- O += P·V: P re-packed in registers as A fragments, V via ldmatrix.trans ----
+        hop::mbar_wait(&bar_v[slot], phase);
+#pragma unroll
+        for (int kv = 0; kv < KV_STEPS; ++kv) {
+            uint32_t p_frag[4];
+            pack_p_fragment(p_frag, s[2 * kv], s[2 * kv + 1]);
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, block_addr(s_vt, KV_PANEL, a_offs, kv * 16, j * 8));
+                mma_m16n8k16(o_acc[j], p_frag, vb[0], vb[1]);
+                mma_m16n8k16(o_acc[j + 1], p_frag, vb[2], vb[3]);
+            }
+        }
+        if (slot == NUM_STAGES - 1) phase ^= 1;  // the next use of each slot is its next phase
+    }
+
+    // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const int row = m_start + warp * WARP_ROWS + g + 8 * r;
+        if (row < seqlen_q) {
+            bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+            }
+        }
+    }
+}

@@ -1,0 +1,280 @@
+// Rung 6 — wgmma: warpgroup-wide asynchronous tensor-core MMA, operands straight from shared memory.
+//
+// The idea (one change over rung 5): replace the per-warp mma.sync m16n8k16 + ldmatrix inner loops by
+// Hopper's wgmma.mma_async, in which a warpgroup (4 warps, 128 threads) multiplies a 64 x N x 16 block
+// per instruction. Both operands of S = Q K^T are read by the tensor cores directly from the TMA-written,
+// 128-byte-swizzled shared memory through 64-bit matrix descriptors (no ldmatrix, no register staging);
+// for O += P V the probabilities P stay in registers (the "RS" form): the fp32 accumulator fragment of
+// S, rounded to bf16 pairs, is exactly the A-operand register fragment of the next wgmma, 16 columns at
+// a time. V is the B operand of P V and is contiguous along N (head_dim), so it is read "MN-major"
+// (transpose bit set) as it landed from TMA.
+// Sources: PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions" (wgmma.mma_async,
+// "Matrix Descriptor Format", "Shared Memory Matrix Layout", "Register Fragments"); FlashAttention-3
+// (Shah et al., 2024) Sec. 3 for keeping P in registers as the A operand of the second GEMM.
+//
+// Structure (not warp-specialised yet; that is rung 7): BLOCK_M = 64 * (NUM_THREADS / 128) rows of Q per
+// CTA, one warpgroup per 64 rows; all warpgroups consume the same K/V tiles. Thread 0 issues every TMA
+// load (Q once, then K/V tiles NUM_STAGES-1 tiles ahead into a ring of NUM_STAGES stages); everybody
+// waits on the tile's mbarrier; a __syncthreads() at the end of each iteration frees the stage for reuse.
+//
+//   per iteration j, per warpgroup (64 rows):
+//     wait K_j ──► S = Q·K_jᵀ (8 x wgmma SS m64nBLOCK_Nk16) ──► wait ──► mask, online softmax (exp2)
+//     wait V_j ──► O += P·V_j (BLOCK_N/16 x wgmma RS m64n128k16, P from registers) ──► wait ──► sync
+//
+// Shared memory (1024-B aligned; each tile = two 64-column panels of rows x 128 B, TMA 128-B swizzle):
+//   [ Q: 2 x BLOCK_M x 128 B ][ K stage 0 .. NUM_STAGES-1 ][ V stage 0 .. NUM_STAGES-1 ]
+#include <math_constants.h>
+
+#include "hopper.cuh"
+
+#if !defined(HEAD_DIM) || !defined(BLOCK_M) || !defined(BLOCK_N) || !defined(NUM_THREADS)
+#error "HEAD_DIM, BLOCK_M, BLOCK_N and NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#if !defined(NUM_STAGES) || !defined(Q_BOX_ROWS) || !defined(KV_BOX_ROWS)
+#error "NUM_STAGES, Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#if HEAD_DIM != 128
+#error "this kernel is written for head_dim 128 (two 64-column TMA panels)"
+#endif
+
+constexpr int kBlockM = BLOCK_M;
+constexpr int kBlockN = BLOCK_N;
+constexpr int kStages = NUM_STAGES;
+constexpr int kWarpgroups = NUM_THREADS / 128;
+constexpr int kAccS = kBlockN / 2;      // fp32 accumulators per thread for S (m64 x BLOCK_N)
+constexpr int kAccO = HEAD_DIM / 2;     // fp32 accumulators per thread for O (m64 x 128)
+constexpr int kPSlices = kBlockN / 16;  // k16 slices of P (A operand of O += P V)
+
+constexpr uint32_t kRowBytes = 128;                       // one row of a 64-column bf16 panel
+constexpr uint32_t kQPanelBytes = kBlockM * kRowBytes;    // Q tile: two panels
+constexpr uint32_t kQTileBytes = 2 * kQPanelBytes;
+constexpr uint32_t kKVPanelBytes = kBlockN * kRowBytes;   // K or V tile: two panels
+constexpr uint32_t kKVTileBytes = 2 * kKVPanelBytes;
+
+static_assert(NUM_THREADS % 128 == 0 && kBlockM == 64 * kWarpgroups, "one warpgroup per 64 rows of Q");
+static_assert(kBlockN % 16 == 0, "BLOCK_N must be a multiple of the wgmma k (16)");
+static_assert(kBlockM % Q_BOX_ROWS == 0 && kBlockN % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
+static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
+static_assert(kStages >= 1, "NUM_STAGES >= 1");
+
+// ex2.approx.ftz.f32: the MUFU instruction itself (exp2f adds range handling we do not need);
+// ex2(-inf) = +0, which is how masked keys get probability 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A (rows x 128) bf16 tile = two 64-column panels (128-B swizzle caps a box at 128 B of columns),
+// each panel `rows / box_rows` boxes high. Panel p lands at dst + p * rows * 128 B.
+__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
+                                              int box_rows, int row0, int bh) {
+  for (int p = 0; p < 2; ++p)
+    for (int r = 0; r < rows; r += box_rows)
+      hop::tma_load_3d(dst + (p * rows + r) * kRowBytes, map, bar, p * 64, row0 + r, bh);
+}
+
+// K and V tile `tile` into ring stage `stage`, each signalling its own barrier (S needs only K).
+__device__ __forceinline__ void issue_kv(int tile, int stage, unsigned char* sK, unsigned char* sV,
+                                         const TmaDesc* tmap_k, const TmaDesc* tmap_v, uint64_t* bar_k,
+                                         uint64_t* bar_v, int bh) {
+  hop::mbar_arrive_expect_tx(&bar_k[stage], kKVTileBytes);
+  tma_load_tile(sK + stage * kKVTileBytes, tmap_k, &bar_k[stage], kBlockN, KV_BOX_ROWS, tile * kBlockN, bh);
+  hop::mbar_arrive_expect_tx(&bar_v[stage], kKVTileBytes);
+  tma_load_tile(sV + stage * kKVTileBytes, tmap_v, &bar_v[stage], kBlockN, KV_BOX_ROWS, tile * kBlockN, bh);
+}
+
+// S = Q K^T for this warpgroup's 64 rows: head_dim 128 = 8 k16 steps, 4 per 64-column panel. Both
+// operands K-major; the k-th slice of a panel starts 32 B further into each 128-B swizzled row.
+__device__ __forceinline__ void gemm_qk(float (&s)[kAccS], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    const uint32_t panel = kk / 4, koff = (kk % 4) * 32;
+    const uint64_t a = hop::desc_kmajor_sw128(q_addr + panel * kQPanelBytes + koff);
+    const uint64_t b = hop::desc_kmajor_sw128(k_addr + panel * kKVPanelBytes + koff);
+    hop::wgmma_ss<kBlockN>(s, a, b, kk > 0);  // first step overwrites S (scale-d = 0)
+  }
+}
+
+// O += P V: BLOCK_N/16 k16 steps over the keys. B = V (keys x 128) is MN-major: 16 keys = two 8-row
+// groups 1024 B apart (SBO); head_dim 128 = two 64-column panels kKVPanelBytes apart (LBO). The k16
+// slice t starts 16 rows = 2048 B into each panel.
+__device__ __forceinline__ void gemm_pv(float (&o)[kAccO], const uint32_t (&p)[kPSlices][4], uint32_t v_addr) {
+#pragma unroll
+  for (int t = 0; t < kPSlices; ++t) {
+    const uint64_t b = hop::desc_mnmajor_sw128(v_addr + t * 16 * kRowBytes, kKVPanelBytes);  // CHECK: LBO/SBO roles
+    hop::wgmma_m64n128k16_rs<1>(o, p[t], b, 1);
+  }
+}
+
+// Keys >= seqlen_k (TMA filled them with zeros) get score -inf. Column of accumulator i of this
+// thread: 8*(i/4) + 2*(lane%4) + (i%2) (wgmma D fragment).
+__device__ __forceinline__ void mask_tail(float (&s)[kAccS], int kv0, int seqlen_k, int lane) {
+#pragma unroll
+  for (int i = 0; i < kAccS; ++i) {
+    const int col = kv0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+    if (col >= seqlen_k) s[i] = -CUDART_INF_F;
+  }
+}
+
+// Online softmax for this thread's two rows (h = 0: row lane/4, h = 1: row lane/4 + 8; accumulators
+// with ((i >> 1) & 1) == h). Each row is spread over the 4 threads of a quad: reduce with two
+// shuffles. Scores are raw (unscaled); scale*log2(e) is folded into one FFMA before ex2. On return
+// s holds the probabilities, l the thread-partial row sums, o is rescaled by exp2(m_old - m_new).
+__device__ __forceinline__ void online_softmax(float (&s)[kAccS], float (&m)[2], float (&l)[2], float (&o)[kAccO],
+                                               float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx);
+    // A row with no valid key yet keeps m = -inf: subtract 0 instead, so (-inf) - (-inf) never occurs.
+    const float m_scaled = (m_new == -CUDART_INF_F) ? 0.f : m_new * scale_log2;
+    const float alpha = fast_exp2(m[h] * scale_log2 - m_scaled);  // 0 on the first tile (m = -inf)
+    m[h] = m_new;
+    float rowsum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * c + 2 * h + e;
+        s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_scaled));
+        rowsum += s[i];
+      }
+    }
+    l[h] = l[h] * alpha + rowsum;
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM / 8; ++c) {
+      o[4 * c + 2 * h] *= alpha;
+      o[4 * c + 2 * h + 1] *= alpha;
+    }
+  }
+}
+
+// P (fp32 accumulator of S) -> bf16 A fragments of O += P V: slice t, register r packs accumulators
+// 8t + 2r and 8t + 2r + 1 (see hopper.cuh, "wgmma.mma_async" comment).
+__device__ __forceinline__ void pack_p(const float (&s)[kAccS], uint32_t (&p)[kPSlices][4]) {
+#pragma unroll
+  for (int t = 0; t < kPSlices; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[t][r] = hop::pack_bf16x2(s[8 * t + 2 * r], s[8 * t + 2 * r + 1]);
+}
+
+// O / l to global memory straight from the accumulator fragment, rows >= seqlen_q skipped.
+// Thread owns rows row_base + lane/4 (+8) and, per 8-column group c, columns 8c + 2*(lane%4) + {0,1}.
+__device__ __forceinline__ void store_o(const float (&o)[kAccO], const float (&l)[2], __nv_bfloat16* out,
+                                        int bh, int row_base, int seqlen_q, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int row = row_base + lane / 4 + 8 * h;
+    if (row < seqlen_q) {
+      __nv_bfloat16* dst = out + (bh * seqlen_q + row) * HEAD_DIM + 2 * (lane & 3);
+#pragma unroll
+      for (int c = 0; c < HEAD_DIM / 8; ++c)
+        *reinterpret_cast<uint32_t*>(dst + 8 * c) = hop::pack_bf16x2(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
+         const __grid_constant__ TmaDesc tmap_v, __nv_bfloat16* o, int seqlen_q, int seqlen_k, int num_m_blocks,
+         float scale) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = hop::align_1024(smem_raw);
+  unsigned char* sQ = smem;
+  unsigned char* sK = sQ + kQTileBytes;
+  unsigned char* sV = sK + kStages * kKVTileBytes;
+  __shared__ __align__(8) uint64_t bar_q;
+  __shared__ __align__(8) uint64_t bar_k[kStages];
+  __shared__ __align__(8) uint64_t bar_v[kStages];
+
+  const int tid = threadIdx.x;
+  const int warpgroup = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int bh = blockIdx.x / num_m_blocks;
+  const int m_block = blockIdx.x % num_m_blocks;
+  const int q_row0 = m_block * kBlockM;
+  const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+
+  if (tid == 0) {
+    hop::tma_prefetch_desc(&tmap_q);
+    hop::tma_prefetch_desc(&tmap_k);
+    hop::tma_prefetch_desc(&tmap_v);
+    hop::mbar_init(&bar_q, 1);
+    for (int st = 0; st < kStages; ++st) {
+      hop::mbar_init(&bar_k[st], 1);
+      hop::mbar_init(&bar_v[st], 1);
+    }
+    hop::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (tid == 0) {
+    hop::mbar_arrive_expect_tx(&bar_q, kQTileBytes);
+    tma_load_tile(sQ, &tmap_q, &bar_q, kBlockM, Q_BOX_ROWS, q_row0, bh);
+    for (int t = 0; t < kStages - 1 && t < n_tiles; ++t) issue_kv(t, t, sK, sV, &tmap_k, &tmap_v, bar_k, bar_v, bh);
+  }
+  __syncwarp();
+
+  float o_acc[kAccO], s_acc[kAccS];
+#pragma unroll
+  for (int i = 0; i < kAccO; ++i) o_acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kAccS; ++i) s_acc[i] = 0.f;
+  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
+  const float scale_log2 = scale * 1.4426950408889634f;  // softmax(scale*x) = 2^(x*scale*log2 e) / sum
+
+  const uint32_t q_addr = hop::smem_u32(sQ) + warpgroup * 64 * kRowBytes;  // this warpgroup's 64 rows
+  hop::mbar_wait(&bar_q, 0);
+
+  int stage = 0;
+  uint32_t phase = 0;  // parity of the barrier phase holding tile j in `stage`
+  for (int j = 0; j < n_tiles; ++j) {
+    // Refill the stage tile j-1 used (freed by the __syncthreads() that ended iteration j-1) with
+    // tile j + NUM_STAGES - 1, so the copy runs while this tile is computed.
+    if (tid == 0 && j + kStages - 1 < n_tiles)
+      issue_kv(j + kStages - 1, (stage + kStages - 1) % kStages, sK, sV, &tmap_k, &tmap_v, bar_k, bar_v, bh);
+    __syncwarp();
+
+    // S = Q K_j^T
+    hop::mbar_wait(&bar_k[stage], phase);
+    hop::reg_fence(s_acc);
+    hop::wgmma_fence();
+    gemm_qk(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
+    hop::wgmma_commit();
+    hop::wgmma_wait<0>();
+    hop::reg_fence(s_acc);
+
+    // softmax (only the last tile can hold keys >= seqlen_k)
+    if ((j + 1) * kBlockN > seqlen_k) mask_tail(s_acc, j * kBlockN, seqlen_k, lane);
+    online_softmax(s_acc, m_run, l_run, o_acc, scale_log2);
+    uint32_t p_frag[kPSlices][4];
+    pack_p(s_acc, p_frag);
+
+    // O += P V_j
+    hop::mbar_wait(&bar_v[stage], phase);
+#pragma unroll
+    for (int t = 0; t < kPSlices; ++t) hop::reg_fence(p_frag[t]);
+    hop::reg_fence(o_acc);
+    hop::wgmma_fence();
+    gemm_pv(o_acc, p_frag, hop::smem_u32(sV) + stage * kKVTileBytes);
+    hop::wgmma_commit();
+    hop::wgmma_wait<0>();
+    hop::reg_fence(o_acc);
+
+    __syncthreads();  // all wgmmas reading this stage are complete: thread 0 may overwrite it
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+
+  store_o(o_acc, l_run, o, bh, q_row0 + warpgroup * 64 + warp * 16, seqlen_q, lane);
+}

@@ -1,0 +1,366 @@
+// hopper.cuh — named device helpers for the Hopper rungs (5+), each a thin wrapper over one PTX
+// instruction. Every helper cites the PTX ISA section (by title; numbering moves between ISA versions)
+// it was written from. Only rungs 5 and above include this file.
+//
+//   TMA       : "Data Movement and Conversion Instructions: cp.async.bulk.tensor", "prefetch.tensormap"
+//   mbarrier  : "Parallel Synchronization and Communication Instructions: mbarrier"
+//   proxies   : "membar / fence" (fence.proxy.async) and "Memory Consistency Model: Proxies"
+//   wgmma     : "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions"
+//               ("Matrix Descriptor Format", "Shared Memory Matrix Layout", "Register Fragments",
+//                "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group")
+//   setmaxnreg: "Miscellaneous Instructions: setmaxnreg"
+//
+// Conventions: shared-memory addresses passed to PTX are 32-bit `.shared::cta` window addresses
+// (from __cvta_generic_to_shared); every asm that orders memory has a "memory" clobber.
+#pragma once
+
+#include <cuda_bf16.h>
+
+// NVRTC has no <stdint.h>; redeclaring a typedef to the same type is legal, so a rung that has its own
+// uint32_t typedef may include this header too.
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+
+// The tensor-map parameter type of the TMA ABI (docs/kernel-abi.md): an opaque CUtensorMap, 128 bytes.
+struct alignas(64) TmaDesc {
+  unsigned long long opaque[16];
+};
+
+namespace hop {
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Round a shared-memory pointer up to a 1024-byte boundary. 128-byte-swizzled TMA destinations and
+// wgmma operands repeat their swizzle pattern every 8 rows x 128 B = 1024 B, and both the TMA unit
+// and the wgmma descriptor (base offset field = 0) assume the pattern starts at a 1024-B boundary.
+// The dynamic shared-memory base is only guaranteed 16-B aligned, hence the +1 KB slack in rungs.py.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  const uint32_t a = smem_u32(p);
+  return p + (((a + 1023u) & ~1023u) - a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier (PTX ISA "mbarrier"). A 64-bit shared-memory object with a pending-arrival count and a
+// pending-transaction (tx) byte count; a phase completes when both reach zero, then the phase bit
+// flips and the counts re-arm. Waiters name the parity of the phase they wait for.
+// ---------------------------------------------------------------------------------------------
+
+// PTX ISA "mbarrier.init": expected arrival count for every phase.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Make mbarrier.init (a generic-proxy write) visible before any thread or the TMA unit (async proxy)
+// uses the barrier. fence.mbarrier_init ("membar / fence") exists only in .release.cluster form; the proxy
+// fence covers the async proxy. Follow with __syncthreads() for the other threads of the CTA.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// PTX ISA "mbarrier.arrive" with .expect_tx ("mbarrier.expect_tx"): one arrival plus
+// "tx_bytes more bytes will be delivered by complete_tx" (the TMA loads signalling this barrier).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(tx_bytes)
+               : "memory");
+}
+
+// PTX ISA "mbarrier.arrive": one arrival (release semantics at CTA scope by default).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// PTX ISA "mbarrier.test_wait / mbarrier.try_wait", .parity variant: true once the phase with parity `parity` has completed
+// (acquire semantics at CTA scope by default). try_wait may suspend the thread for a system-dependent
+// time before returning false, so a plain retry loop is not a hot spin.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA (PTX ISA "cp.async.bulk.tensor", "prefetch / prefetch.tensormap")
+// ---------------------------------------------------------------------------------------------
+
+// Pull the 128-byte tensor map into the TMA unit's descriptor cache ahead of first use. `map` is the
+// generic address of a __grid_constant__ kernel parameter (the form the ISA allows for tensorMap).
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// One 3-D box global -> shared, completion signalled on `bar` as complete_tx(box bytes). The box
+// shape, element type, swizzle and out-of-bounds fill live in the tensor map; coordinates are
+// innermost-first: (c0 = column, c1 = row, c2 = batch*head). Elements outside the tensor are written
+// as zero and still count toward the transaction bytes. The .shared::cluster destination accepts a
+// CTA-local shared address (a non-cluster launch is a cluster of one). `dst` must be 1024-B aligned
+// for the 128-B swizzle (the swizzle pattern is a function of the shared address bits [4,10)).
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, uint64_t* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];"
+      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+        "r"(smem_u32(bar))
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy fence (PTX ISA "membar / fence": fence.proxy.async). Shared memory written by ordinary st.shared
+// (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence in between.
+// TMA-load -> wgmma needs none: both are async proxy, ordered by the mbarrier wait.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// setmaxnreg (PTX ISA "setmaxnreg"): re-balance registers between warpgroups. Executed by all warps of a
+// warpgroup; counts are multiples of 8 in [24, 256]. Only honoured when the kernel has a register
+// cap at entry (__launch_bounds__(threads, 1)); otherwise ptxas warns (C7508) and ignores it.
+// ---------------------------------------------------------------------------------------------
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma ordering (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"). All three are warpgroup-collective (.sync.aligned): every warp
+// of the warpgroup executes them convergently.
+//   wgmma_fence()      before the first wgmma that reads registers (accumulators or the A fragment)
+//                      written by ordinary instructions since the last wgmma;
+//   wgmma_commit()     closes the wgmmas issued so far into one wgmma-group;
+//   wgmma_wait<N>()    blocks until at most N groups are pending; only then may the
+//                      accumulators be read, and only then are the shared-memory operands free.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Compiler-only fence on registers: an empty asm that "reads and writes" each register, so the
+// compiler can neither move ordinary arithmetic on accumulators into the window between a wgmma
+// issue and its wait, nor hoist reads of the results above the wait (volatile asms keep their order).
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"), 64 bit:
+//   bits  0-13  start address >> 4          bits 32-45  stride-dimension byte offset (SBO) >> 4
+//   bits 16-29  leading-dimension byte offset (LBO) >> 4
+//   bits 49-51  base offset (0: the swizzle pattern starts at a 1024-B boundary)
+//   bits 62-63  swizzle mode: 0 none, 1 = 128 B, 2 = 64 B, 3 = 32 B
+// The layouts used here are the canonical 128-byte-swizzle ones of PTX ISA "Shared Memory Matrix
+// Layout", which are exactly what a TMA box with CU_TENSOR_MAP_SWIZZLE_128B and a 128-B inner extent
+// writes: rows of 128 B, 8-row atoms of 1024 B, the 16-B chunk c of row r stored at chunk c ^ (r % 8).
+//
+//  * K-major operand (contiguous along K; Q and K in S = Q K^T): the 8-row atoms follow each other
+//    along M/N, so SBO = 1024 B (next 8 rows). A k16 slice is 32 B wide and lies inside one 128-B
+//    swizzle row, so LBO is not used for swizzled K-major layouts (encoded as 1). The k-th 16-column
+//    slice of a 64-column panel starts at +32*k bytes on the start address (the hardware applies the
+//    XOR swizzle to the final address, so the start may sit inside an atom).
+//  * MN-major operand (contiguous along N; V as the B operand of O = P V, tnspB = 1): an atom is
+//    64 N-elements (128 B) x 8 K-rows; SBO = byte distance between consecutive groups of 8 K-rows
+//    (1024 B here), LBO = byte distance between consecutive 64-element groups along N (the next
+//    64-column panel of V).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
+                                                         uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+// K-major tile whose 8-row atoms are 1024 B apart (a TMA 64-column panel).
+__device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_addr) {
+  return make_smem_desc_sw128(smem_addr, 16, 1024);
+}
+
+// MN-major tile: 64-wide N groups `n_group_stride` bytes apart (panel stride), 8-row K groups 1024 B
+// apart.
+__device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint32_t n_group_stride) {
+  return make_smem_desc_sw128(smem_addr, n_group_stride, 1024);
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma.mma_async (PTX ISA "wgmma.mma_async"), .f32.bf16.bf16, shape m64nNk16, one warpgroup (128 threads).
+//
+// Accumulator fragment (PTX ISA "Register Fragments", matrix D), thread t of the warpgroup, warp
+// w = t / 32, lane l = t % 32, register i in [0, N/2):
+//     row = 16*w + l/4 + 8*((i >> 1) & 1),    col = 8*(i >> 2) + 2*(l % 4) + (i & 1)
+// A fragment from registers (16-bit types): four .b32 registers, each two bf16 (lower k in the low
+// half):  a[r] holds row 16*w + l/4 + 8*(r & 1), cols 8*(r >> 1) + 2*(l % 4) + {0, 1}.
+// Hence the accumulator of S = Q K^T, rounded to bf16 pairs, IS the A fragment of P V: the k-slice
+// kk (columns 16kk .. 16kk+15) is a[r] = pack(s[8kk + 2r], s[8kk + 2r + 1]).
+//
+// `accumulate` = 0 makes the instruction ignore the old accumulator (D = A*B), 1 gives D += A*B.
+// Every accumulator is a "+f" operand so the compiler treats it as read and written by the asm.
+// ---------------------------------------------------------------------------------------------
+#define HOP_ACC8(d, i)                                                                        \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
+      "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+
+// m64n64k16, A and B from shared memory (both K-major), fp32 accumulators: d[32].
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+      " %32, %33, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      "}\n"
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// m64n128k16, A and B from shared memory (both K-major), fp32 accumulators: d[64].
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      " %64, %65, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      "}\n"
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
+        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// m64n176k16, A and B from shared memory (both K-major), fp32 accumulators: d[88].
+__device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+      " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+      " %80, %81, %82, %83, %84, %85, %86, %87},\n"
+      " %88, %89, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      "}\n"
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
+        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
+        HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// m64n192k16, A and B from shared memory (both K-major), fp32 accumulators: d[96].
+__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+      " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+      " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+      " %96, %97, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      "}\n"
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
+        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
+        HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80), HOP_ACC8(d, 88)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// m64n128k16, A from registers (4 x bf16x2 per thread), B from shared memory; tnspB is a
+// template argument (1 = B is MN-major, i.e. contiguous along N). fp32 accumulators: d[64].
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                   uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"   // scale-d, scale-a, scale-b, tnspB
+      "}\n"
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
+        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+#undef HOP_ACC8
+
+// S = Q K^T tile for a BLOCK_N chosen at compile time.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (N == 64) {
+    wgmma_m64n64k16_ss(d, desc_a, desc_b, accumulate);
+  } else if constexpr (N == 128) {
+    wgmma_m64n128k16_ss(d, desc_a, desc_b, accumulate);
+  } else if constexpr (N == 176) {
+    wgmma_m64n176k16_ss(d, desc_a, desc_b, accumulate);
+  } else if constexpr (N == 192) {
+    wgmma_m64n192k16_ss(d, desc_a, desc_b, accumulate);
+  } else {
+    static_assert(N == 64, "wgmma_ss: add an m64nNk16 variant for this N");
+  }
+}
+
+// Two fp32 -> one register of two bf16 (round to nearest even), `lo` in the low half: the element
+// with the lower k index, as the wgmma/mma A fragment expects.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace hop

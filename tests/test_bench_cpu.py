@@ -1,0 +1,416 @@
+"""CPU-only tests of the bench harness: FLOP count, shapes, JSON rows, README table, chart, no-GPU exit."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from attnclimb.bench import peers, report, run, shapes, timing
+from attnclimb.rungs import RUNGS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+
+def test_flop_formula():
+    assert shapes.attention_flops(4, 16, 4096, 4096, 128) == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert shapes.attention_flops(4, 16, 4096, 4096, 128, causal=True) == 2 * 4 * 16 * 4096 * 4096 * 128
+    assert shapes.attention_flops(1, 2, 3, 5, 128) == 4 * 2 * 3 * 5 * 128  # Sq != Sk
+    # 1 ms for 1e12 FLOPs is 1000 TFLOP/s
+    assert shapes.tflops(1e12, 1.0) == pytest.approx(1000.0)
+    # the FA 4k shape at 0.9 ms: 4*4*16*4096^2*128 / 0.9e-3 / 1e12
+    s = shapes.fa_shape(4096)
+    assert shapes.tflops(s.flops, 0.9) == pytest.approx(549755813888 / 0.9e-3 / 1e12)
+    with pytest.raises(ValueError):
+        shapes.tflops(1e12, 0.0)
+
+
+# ----------------------------------------------------------------------------------------- shapes
+
+def test_default_shapes():
+    sh = shapes.default_shapes()
+    fa = [s for s in sh if s.name.startswith("fa-")]
+    assert [s.seqlen_q for s in fa] == [1024, 2048, 4096, 8192, 16384]
+    for s in fa:
+        assert s.batch * s.seqlen_q == 16384
+        assert (s.heads, s.head_dim, s.causal, s.seqlen_k) == (16, 128, False, s.seqlen_q)
+        assert s.headline == (s.seqlen_q in (4096, 8192, 16384))
+    wan = sh[-1]
+    assert (wan.batch, wan.heads, wan.seqlen_q, wan.seqlen_k, wan.head_dim, wan.causal) == (1, 12, 32760, 32760,
+                                                                                             128, False)
+    assert 21 * (480 // 16) * (832 // 16) == wan.seqlen_q  # 21 latent frames x 30 x 52 patches
+    assert [s.label for s in fa] == ["1k", "2k", "4k", "8k", "16k"]
+    assert len({s.name for s in sh}) == len(sh)
+
+
+def test_quick_and_parsed_shapes():
+    assert [s.seqlen_q for s in shapes.default_shapes(quick=True)] == [4096, 16384, 32760]
+    assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
+    sel = shapes.default_shapes(shapes.parse_seqlens("8k,2k"))
+    assert [s.name for s in sel] == ["fa-2k", "fa-8k"]
+    odd = shapes.fa_shape(1000)  # not a multiple of 1024: tails get exercised
+    assert (odd.label, odd.batch) == ("1000", 16)
+    for bad in ("x", "0", "-4", ","):
+        with pytest.raises(ValueError):
+            shapes.parse_seqlens(bad)
+
+
+def test_input_sets_exceed_twice_l2():
+    l2 = 60 * 1024 * 1024
+    for s in shapes.default_shapes() + [shapes.fa_shape(64)]:
+        n = timing.num_input_sets(s.qkv_bytes(), l2)
+        assert n >= 3
+        assert n * s.qkv_bytes() > 2 * l2
+    assert shapes.fa_shape(4096).qkv_bytes() == 3 * 16384 * 16 * 128 * 2
+
+
+def test_rotating_cycles_through_sets():
+    seen = []
+    fn = timing.rotating(seen.append, ["a", "b", "c"])
+    for _ in range(7):
+        fn()
+    assert seen == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def test_rel_l2_and_reference_on_cpu():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 37, 128, generator=g) for _ in range(3))
+    pairs = [(0, 0), (1, 2)]
+    refs = timing.reference_slices(q, k, v, pairs, chunk_rows=16)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    for (b, h), r in zip(pairs, refs):
+        assert timing.rel_l2(r, sdpa[b, h]) < 1e-5
+    a = torch.tensor([3.0, 4.0])
+    assert timing.rel_l2(a + torch.tensor([0.3, 0.4]), a) == pytest.approx(0.1)
+    assert timing.rel_l2(torch.tensor([float("nan"), 0.0]), a) == float("inf")
+    shape = shapes.Shape("t", "t", 2, 3, 37, 37)
+    ok, err, _ = timing.check_output(sdpa.bfloat16(), refs, pairs, shape)
+    assert ok and err < 1e-2
+    bad = sdpa.clone()
+    bad[1, 2, 20:] = 0  # a wrong tail in the last head must be caught
+    ok, err, why = timing.check_output(bad, refs, pairs, shape)
+    assert not ok and err > 1e-2 and "rel_l2" in why
+
+
+# --------------------------------------------------------------------------------------- impls
+
+def test_impl_selection():
+    keys = lambda impls: [i.key for i in impls]  # noqa: E731
+    all_keys = [r.key for r in RUNGS] + list(peers.PEER_KEYS)
+    assert keys(peers.select_impls()) == all_keys
+    assert keys(peers.select_impls("0,1")) == ["rung00", "rung01", *peers.PEER_KEYS]
+    assert keys(peers.select_impls(None, "sdpa_cudnn,fa4")) == ["sdpa_cudnn", "fa4"]
+    assert keys(peers.select_impls("1", "fa4,sdpa_cudnn")) == ["rung01", "sdpa_cudnn", "fa4"]
+    assert keys(peers.select_impls("rung1,00", "rung2")) == ["rung00", "rung01"]
+    assert keys(peers.select_impls(None, "rung00,sdpa")) == ["rung00", "sdpa_cudnn", "sdpa_flash",
+                                                              "sdpa_efficient"]
+    with pytest.raises(ValueError):
+        peers.select_impls("999")
+    with pytest.raises(ValueError):
+        peers.select_impls(None, "cublas")
+
+
+def test_slow_rungs_skip_big_shapes():
+    limited = [r for r in RUNGS if r.max_bench_seqlen is not None]
+    if not limited:
+        pytest.skip("no rung has a max_bench_seqlen")
+    r = limited[0]
+    impl = peers.RungImpl(r)
+    fits = shapes.fa_shape(r.max_bench_seqlen)
+    assert impl.skip_reason(fits) is None
+    too_big = shapes.WAN_SHAPE
+    assert too_big.seqlen > r.max_bench_seqlen
+    assert f"> {r.max_bench_seqlen}" in impl.skip_reason(too_big)
+    assert peers.make_peer("sdpa_cudnn").skip_reason(too_big) is None
+
+
+# ---------------------------------------------------------------------------------- rows / JSON
+
+def _synthetic_doc():
+    sh = [shapes.fa_shape(4096), shapes.fa_shape(8192), shapes.WAN_SHAPE]
+    tf = {"rung02": 300.0, "rung04": 450.0, "sdpa_cudnn": 600.0, "sdpa_flash": 340.0, "fa4": 660.0}
+    rows = []
+    for s in sh:
+        for impl, t in tf.items():
+            label = {"rung02": "02 mma_sync", "rung04": "04 fast_softmax"}.get(impl)
+            if impl == "rung02" and s.name == "fa-8k":
+                rows.append(run.make_row(impl, s, "error: wrong result (rel_l2 2.0e-01 > 0.01)", label=label))
+            elif impl == "rung02" and s is shapes.WAN_SHAPE:
+                rows.append(run.make_row(impl, s, "skipped: too slow for seqlen > 8192 (max_bench_seqlen)",
+                                         label=label))
+            else:
+                ms = s.flops / (t * 1e12) * 1e3
+                rows.append(run.make_row(impl, s, "ok", ms=ms, label=label, rel_l2=2.5e-3))
+    env = {"device": "NVIDIA H200", "driver_version": "580.95.05", "torch_version": "2.11.0+cu130",
+           "cuda_version": "13.0", "cudnn_version": 91900, "commit": "0123456789abcdef0123" + "0" * 20 + "-dirty",
+           "date": "2026-11-30T12:34:56+00:00", "gpu_clocks": {"start": None, "end": None}}
+    return run.build_results(env, rows, sh, {"warmup_ms": 50, "rep_ms": 200}, ["fa4 skipped: test"])
+
+
+def test_json_row_schema_and_ratios(tmp_path):
+    doc = _synthetic_doc()
+    for k in ("device", "driver_version", "torch_version", "cudnn_version", "cuda_version", "commit", "date",
+              "gpu_clocks", "rows", "shapes"):
+        assert k in doc
+    required = {"impl", "batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "causal", "ms", "tflops",
+                "ratio_to_cudnn", "status"}
+    for r in doc["rows"]:
+        assert required <= set(r)
+        assert set(r) == set(run.ROW_FIELDS)
+        assert r["status"] == "ok" or r["status"].startswith(("skipped: ", "error: "))
+        if r["status"] == "ok":
+            assert r["ms"] > 0 and r["tflops"] > 0
+        else:
+            assert r["ms"] is None and r["tflops"] is None and r["ratio_to_cudnn"] is None
+    by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
+    assert by[("rung04", "fa-4k")]["tflops"] == pytest.approx(450.0, abs=0.01)
+    assert by[("rung04", "fa-4k")]["ratio_to_cudnn"] == pytest.approx(0.75)
+    assert by[("fa4", "wan2.1-1.3b-480p")]["ratio_to_cudnn"] == pytest.approx(1.1)
+    assert by[("sdpa_cudnn", "fa-8k")]["ratio_to_cudnn"] == 1.0
+    w = by[("rung04", "wan2.1-1.3b-480p")]
+    assert (w["batch"], w["heads"], w["seqlen_q"], w["seqlen_k"], w["head_dim"], w["causal"]) == (
+        1, 12, 32760, 32760, 128, False)
+    assert w["ms"] == pytest.approx(shapes.WAN_SHAPE.flops / 450e12 * 1e3, rel=1e-4)
+
+    when = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
+    stamped, latest = run.write_results(doc, tmp_path, when)
+    assert stamped.name == "h200-20261130-010203.json"
+    assert not latest.is_symlink() and latest.read_text() == stamped.read_text()
+    assert json.loads(latest.read_text()) == json.loads(json.dumps(doc))
+
+
+def test_row_validation_and_missing_cudnn():
+    s = shapes.fa_shape(1024)
+    with pytest.raises(ValueError):
+        run.make_row("rung04", s, "ok")  # ok without a time
+    with pytest.raises(ValueError):
+        run.make_row("rung04", s, "weird")
+    rows = run.fill_ratios([run.make_row("rung04", s, "ok", ms=1.0)])
+    assert rows[0]["ratio_to_cudnn"] is None
+    assert run.device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert run.device_slug("NVIDIA H200") == "h200"
+    assert run.device_slug("") == "gpu"
+
+
+# --------------------------------------------------------------------------------------- report
+
+def test_markdown_table_content():
+    doc = _synthetic_doc()
+    md = report.markdown_table(doc)
+    lines = md.splitlines()
+    assert lines[0] == ("_NVIDIA H200 · driver 580.95.05 · torch 2.11.0+cu130 · CUDA 13.0 · cuDNN 9.19.0 · "
+                        "commit 0123456789ab-dirty · 2026-11-30T12:34:56+00:00_")
+    header = next(line for line in lines if line.startswith("| impl"))
+    assert header == "| impl | 4k | 8k | Wan2.1-1.3B 480p (B1 H12 S32760) |"
+    body = [line for line in lines if line.startswith("| ") and not line.startswith("| impl")]
+    assert body == [
+        "| 02 mma_sync | 300 (0.50×) | error | — |",
+        "| 04 fast_softmax | 450 (0.75×) | 450 (0.75×) | 450 (0.75×) |",
+        "| SDPA cuDNN | 600 (1.00×) | 600 (1.00×) | 600 (1.00×) |",
+        "| SDPA flash (FA2) | 340 (0.57×) | 340 (0.57×) | 340 (0.57×) |",
+        "| FlashAttention-4 (sm90) | 660 (1.10×) | 660 (1.10×) | 660 (1.10×) |",
+    ]
+    assert "- rung02 at 8k: error: wrong result (rel_l2 2.0e-01 > 0.01)" in lines
+    assert "- rung02 at Wan2.1-1.3B 480p: skipped: too slow for seqlen > 8192 (max_bench_seqlen)" in lines
+    assert report.format_cudnn(91900) == "9.19.0" and report.format_cudnn(8907) == "8.9.7"
+    text = report.console_table(doc)
+    assert "450 (0.75x)" in text and text.splitlines()[0] == lines[0].strip("_")
+
+
+def test_readme_replacement_between_markers(tmp_path):
+    doc = _synthetic_doc()
+    block = report.markdown_table(doc)
+    before = "# Title\n\nintro\n\n" + report.MARK_BEGIN + "\n"
+    after = report.MARK_END + "\n\n![chart](x.png)\ntrailing <!-- results:end --> text\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(before + "old table\nline 2\n" + after)
+    assert report.update_readme(readme, block)
+    assert readme.read_text() == before + block + "\n" + after
+    assert report.update_readme(readme, block)  # idempotent
+    assert readme.read_text() == before + block + "\n" + after
+
+    plain = tmp_path / "NOMARK.md"
+    plain.write_text("# no markers here\n")
+    assert not report.update_readme(plain, block)
+    assert plain.read_text() == "# no markers here\n"
+    assert not report.update_readme(tmp_path / "missing.md", block)
+    assert report.replace_between_markers(report.MARK_END + " x " + report.MARK_BEGIN, "t") is None
+
+
+def test_report_cli(tmp_path):
+    doc = _synthetic_doc()
+    stamped, latest = run.write_results(doc, tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{report.MARK_BEGIN}\n{report.MARK_END}\nb\n")
+    from attnclimb.__main__ import main
+
+    assert main(["report", str(latest), "--readme", str(readme), "--no-chart"]) == 0
+    text = readme.read_text()
+    assert text.startswith(f"a\n{report.MARK_BEGIN}\n_NVIDIA H200") and text.endswith(f"{report.MARK_END}\nb\n")
+    assert "| 04 fast_softmax | 450 (0.75×)" in text
+    assert main(["report", str(tmp_path / "nope.json"), "--readme", str(readme), "--no-chart"]) == 1
+
+
+def test_label_spreading():
+    ys = [610.0, 611.0, 612.0, 340.0]
+    out = report.spread_labels(ys, 10.0)
+    top = sorted(out[:3])
+    assert top[1] - top[0] >= 10 - 1e-9 and top[2] - top[1] >= 10 - 1e-9
+    assert sum(out) == pytest.approx(sum(ys))
+    assert report.spread_labels([], 1.0) == []
+
+
+def test_chart_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = report.write_chart(_synthetic_doc(), tmp_path / "sub" / "ladder.png")
+    assert png == tmp_path / "sub" / "ladder.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# ------------------------------------------------------------------------------------- no Hopper
+
+def test_bench_without_hopper_exits_2(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("a Hopper GPU is present")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "attnclimb", "bench", "--out", str(tmp_path)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    out = (p.stdout + p.stderr).strip().splitlines()
+    assert len(out) == 1, out
+    assert re.search(r"no Hopper GPU", out[0])
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+# ------------------------------------------------------------------------ the bench loop, on CPU
+
+class _Quiet:
+    def describe(self, text):
+        pass
+
+    def step(self, result):
+        pass
+
+    def log(self, text):
+        pass
+
+
+def _fake_impls(torch):
+    F = torch.nn.functional
+
+    class Good(peers.Impl):
+        def call(self, p):
+            q, k, v = p
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16()
+
+    class Wrong(Good):
+        def call(self, p):
+            out = super().call(p)
+            out[-1, -1, -1] += 1.0  # one wrong row in the last head
+            return out
+
+    class Boom(peers.Impl):
+        def call(self, p):
+            raise RuntimeError("kernel exploded\nsecond line")
+
+    class Away(peers.Impl):
+        def available(self):
+            return False, "not installed here"
+
+    class Bshd(peers.Fa4Impl):  # FA4's layout handling, with sdpa standing in for flash_attn_func
+        def available(self):
+            def fn(q, k, v, causal=False):
+                o = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)))
+                return o.transpose(1, 2).bfloat16(), None
+            self._fn = fn
+            return True, ""
+
+    return [Good("rung07", "07 good", "rung"), Good("rung08", "08 small", "rung", max_bench_seqlen=64),
+            Wrong("rung09", "09 wrong", "rung"), Boom("rung10", "10 boom", "rung"), Away("rung11", "11 away", "rung"),
+            Good("sdpa_cudnn", "SDPA cuDNN", "peer"), Bshd()]
+
+
+def test_bench_loop_on_cpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    seen = []
+
+    def fake_median_ms(fn, warmup_ms, rep_ms):
+        for _ in range(4):
+            fn()
+        return 2.0
+
+    monkeypatch.setattr(timing, "median_ms", fake_median_ms)
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    orig_rotating = timing.rotating
+
+    def spy_rotating(call, prepared):
+        def spy(p):
+            seen.append(next(i for i, x in enumerate(prepared) if x is p))
+            return call(p)
+        return orig_rotating(spy, prepared)
+
+    monkeypatch.setattr(timing, "rotating", spy_rotating)
+    sh = [shapes.Shape("t-64", "64", 2, 2, 64, 64), shapes.Shape("t-odd", "odd", 1, 3, 100, 77)]
+    rows, notes, settings = run.run_bench(_fake_impls(torch), sh, 1, 1, progress=_Quiet(), device="cpu")
+    assert notes == ["rung11 skipped: not installed here"]
+    st = {(r["impl"], r["shape"]): r["status"] for r in rows}
+    assert len(rows) == 14
+    for s in ("t-64", "t-odd"):
+        assert st[("rung07", s)] == "ok" and st[("sdpa_cudnn", s)] == "ok" and st[("fa4", s)] == "ok"
+        assert st[("rung09", s)].startswith("error: wrong result (rel_l2")
+        assert st[("rung10", s)] == "error: RuntimeError: kernel exploded second line"
+        assert st[("rung11", s)] == "skipped: not installed here"
+    assert st[("rung08", "t-64")] == "ok"
+    assert st[("rung08", "t-odd")] == "skipped: too slow for seqlen > 64 (max_bench_seqlen)"
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 7 and all(r["ms"] == 2.0 and r["rel_l2"] < 1e-2 for r in ok)
+    assert seen[:4] == [0, 1, 2, 0]  # the timed function cycles through the input sets
+    assert settings["input_sets"] == {"t-64": 3, "t-odd": 3}
+    doc = run.build_results({"device": "cpu"}, rows, sh, settings, notes)
+    assert all(r["ratio_to_cudnn"] == 1.0 for r in doc["rows"] if r["status"] == "ok")
+
+
+def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    import functools
+
+    monkeypatch.setattr(run, "hopper_status", lambda: (True, ""))
+    monkeypatch.setattr(run, "collect_env", lambda when=None: {"device": "NVIDIA H200", "commit": "abc", "date": "d",
+                                                     "gpu_clocks": {"start": None}})
+    monkeypatch.setattr(run, "gpu_clocks", lambda: None)
+    monkeypatch.setattr(timing, "median_ms", lambda fn, w, r: (fn(), 1.5)[1])
+    tiny = [shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True), shapes.Shape("fa-8k", "8k", 1, 2, 80, 80,
+                                                                                    headline=True)]
+    monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False: tiny)
+    fakes = _fake_impls(torch)
+    monkeypatch.setattr(run.peers_mod, "select_impls", lambda r, i: fakes)
+    monkeypatch.setattr(run, "run_bench", functools.partial(run.run_bench, progress=_Quiet(), device="cpu"))
+    from attnclimb.__main__ import main
+
+    rc = main(["bench", "--out", str(tmp_path)])
+    assert rc == 1  # the fake 'wrong' and 'boom' rungs are errors
+    names = sorted(p.name for p in tmp_path.iterdir())
+    jsons = [n for n in names if re.fullmatch(r"h200-\d{8}-\d{6}\.json", n)]
+    assert len(jsons) == 1 and "latest.json" in names
+    doc = json.loads((tmp_path / "latest.json").read_text())
+    assert (tmp_path / jsons[0]).read_text() == (tmp_path / "latest.json").read_text()
+    assert doc["settings"]["warmup_ms"] == run.DEFAULT_WARMUP_MS and "elapsed_s" in doc["settings"]
+    assert {r["impl"] for r in doc["rows"]} == {i.key for i in fakes}
+    try:
+        import matplotlib  # noqa: F401
+        assert "ladder.png" in names
+    except ImportError:
+        pass
+    out = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # the table and its notes come last
+    assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
+    assert any(line.startswith("07 good") and "(1.00x)" in line for line in out)
