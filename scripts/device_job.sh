@@ -16,7 +16,8 @@ while [ $# -gt 0 ]; do
     sanitize) shift; for tool in memcheck racecheck synccheck; do
             echo "== $tool"; compute-sanitizer --tool $tool --print-limit 5 python3 scripts/sanitize_small.py $1 2>&1 | tail -6
           done 2>&1 | tee "$OUT/sanitize.txt";;
-    bench) shift; python3 -m attnclimb bench $1   # bench "ARGS" (quoted, may be empty) 2>&1 | tee "$OUT/bench.txt" | tail -60
+    bench) shift   # bench "ARGS" (one quoted word, may be empty)
+           python3 -m attnclimb bench $1 2>&1 | tee "$OUT/bench.txt" | tail -60
            cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null;;
   esac
   shift

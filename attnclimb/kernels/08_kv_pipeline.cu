@@ -85,14 +85,20 @@ __device__ __forceinline__ void issue_tile(int tile, int stage, unsigned char* r
 
 // S = Q K^T for this warpgroup's 64 rows: head_dim 128 = 8 k16 steps, 4 per 64-column panel. Both
 // operands K-major; the k-th slice of a panel starts 32 B further into each 128-B swizzled row.
+// SIGN = -1 computes S = (-Q) K^T (wgmma's imm-scale-a), for a negative softmax scale. Issues the
+// wgmmas as one group and waits for it, so that a branch between the two signs holds whole groups.
+template <int SIGN>
 __device__ __forceinline__ void gemm_qk(float (&s)[kAccS], uint32_t q_addr, uint32_t k_addr) {
+  hop::wgmma_fence();  // S registers were read by the previous tile's softmax
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
     const uint32_t panel = kk / 4, koff = (kk % 4) * 32;
     const uint64_t a = hop::desc_kmajor_sw128(q_addr + panel * kQPanelBytes + koff);
     const uint64_t b = hop::desc_kmajor_sw128(k_addr + panel * kKVPanelBytes + koff);
-    hop::wgmma_ss<kBlockN>(s, a, b, kk > 0);  // first step overwrites S (scale-d = 0)
+    hop::wgmma_ss<kBlockN, SIGN>(s, a, b, kk > 0);  // first step overwrites S (scale-d = 0)
   }
+  hop::wgmma_commit();
+  hop::wgmma_wait<0>();
 }
 
 // O += P V: BLOCK_N/16 k16 steps over the keys. B = V (keys x 128) is MN-major: 16 keys = two 8-row
@@ -254,6 +260,11 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
 #pragma unroll
   for (int i = 0; i < kAccS; ++i) s_acc[i] = 0.f;
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
+  // A negative scale: softmax(scale*S) = softmax(|scale|*(-S)); the S wgmma negates Q on the fly, so
+  // the max of the raw scores below is the max of the scaled ones. A zero scale becomes FLT_MIN (the
+  // same uniform P, but -inf * scale stays -inf for masked keys instead of NaN).
+  const bool negate = scale < 0.f;
+  scale = fmaxf(fabsf(scale), 1.17549435e-38f);
   const float scale_log2 = scale * 1.4426950408889634f;  // softmax(scale*x) = 2^(x*scale*log2 e) / sum
 
   const uint32_t q_addr = hop::smem_u32(sQ) + cwg * 64 * kRowBytes;  // this warpgroup's 64 rows
@@ -265,10 +276,10 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     // S = Q K_j^T
     hop::mbar_wait(&bar_k[stage], phase);
     hop::reg_fence(s_acc);
-    hop::wgmma_fence();
-    gemm_qk(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
-    hop::wgmma_commit();
-    hop::wgmma_wait<0>();
+    if (negate)  // warp-uniform (a kernel argument)
+      gemm_qk<-1>(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
+    else
+      gemm_qk<1>(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
     hop::reg_fence(s_acc);
     if (lane == 0) hop::mbar_arrive(&bar_k_empty[stage]);  // this warp no longer reads K_j
 

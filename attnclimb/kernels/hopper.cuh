@@ -239,6 +239,8 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint3
       "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 
 // m64n64k16, A and B from shared memory (both K-major), fp32 accumulators: d[32].
+// SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
+template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
@@ -248,13 +250,15 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
       " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-      " %32, %33, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      " %32, %33, p, %35, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
       : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n128k16, A and B from shared memory (both K-major), fp32 accumulators: d[64].
+// SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
+template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
@@ -266,14 +270,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
       " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
       " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
       " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-      " %64, %65, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      " %64, %65, p, %67, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
       : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
         HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n176k16, A and B from shared memory (both K-major), fp32 accumulators: d[88].
+// SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
+template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
@@ -287,15 +293,17 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t des
       " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
       " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
       " %80, %81, %82, %83, %84, %85, %86, %87},\n"
-      " %88, %89, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      " %88, %89, p, %91, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
       : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
         HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
         HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n192k16, A and B from shared memory (both K-major), fp32 accumulators: d[96].
+// SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
+template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
@@ -309,12 +317,12 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t des
       " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
       " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
       " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
-      " %96, %97, p, 1, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+      " %96, %97, p, %99, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
       : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
         HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
         HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80), HOP_ACC8(d, 88)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n128k16, A from registers (4 x bf16x2 per thread), B from shared memory; tnspB is a
@@ -340,17 +348,18 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 
 #undef HOP_ACC8
 
-// S = Q K^T tile for a BLOCK_N chosen at compile time.
-template <int N>
+// m64nNk16 SS for an N (= BLOCK_N) chosen at compile time; SCALE_A = +1 or -1.
+template <int N, int SCALE_A = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(SCALE_A == 1 || SCALE_A == -1, "imm-scale-a is +1 or -1");
   if constexpr (N == 64) {
-    wgmma_m64n64k16_ss(d, desc_a, desc_b, accumulate);
+    wgmma_m64n64k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
   } else if constexpr (N == 128) {
-    wgmma_m64n128k16_ss(d, desc_a, desc_b, accumulate);
+    wgmma_m64n128k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
   } else if constexpr (N == 176) {
-    wgmma_m64n176k16_ss(d, desc_a, desc_b, accumulate);
+    wgmma_m64n176k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
   } else if constexpr (N == 192) {
-    wgmma_m64n192k16_ss(d, desc_a, desc_b, accumulate);
+    wgmma_m64n192k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
   } else {
     static_assert(N == 64, "wgmma_ss: add an m64nNk16 variant for this N");
   }
