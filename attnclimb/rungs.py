@@ -125,7 +125,7 @@ RUNGS: tuple[Rung, ...] = (
     Rung(5, "tma", "TMA tile loads (cp.async.bulk.tensor, 128-B swizzle) completing on mbarriers; mma.sync compute",
          "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
-         sass_required=("HMMA", "UTMALDG")),
+         sass_required=("HMMA", "LDSM", "UTMALDG")),
     Rung(6, "wgmma", "wgmma.mma_async: S = QK^T from smem descriptors (SS), O += PV with P in registers (RS)",
          "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,

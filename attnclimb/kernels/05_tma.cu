@@ -242,9 +242,11 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     auto load_kv = [&](int nb) {
         const int slot = nb % NUM_STAGES;
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
-        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N, bh);
+        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
+                      bh);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
-        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N, bh);
+        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
+                      bh);
     };
 
     // Prologue: barriers (one arrival each: thread 0's arrive.expect_tx), then Q and K/V tiles
@@ -304,6 +306,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         const int slot = nb % NUM_STAGES;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (ldmatrix reads are complete once the warp has their registers).
+        // CHECK: generic-proxy reads then async-proxy (TMA) writes, ordered only by this barrier; if a
+        // race ever shows, add hop::fence_proxy_async() just before it.
         __syncthreads();
         if (tid == 0 && nb + NUM_STAGES - 1 < num_n_blocks) load_kv(nb + NUM_STAGES - 1);
         __syncwarp();

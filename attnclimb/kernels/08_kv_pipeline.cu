@@ -1,311 +1,384 @@
-// Rung 8 — a multi-stage K/V ring: loads run ahead of the math.
+// Rung 8 — a deeper, finer-grained K/V ring: loads run ahead of the math.
 //
-// The idea (one change over rung 7): make the producer/consumer ring deep and fine-grained enough that
-// the TMA unit is never the one waiting. NUM_STAGES (2-3) K/V stages, each with its own full/empty
-// barrier pairs, and K and V released separately: a consumer warp gives the K half of a stage back as
-// soon as its S = Q K^T wgmmas have completed, so the producer can refill it while the softmax and the
-// P V product of the same tile are still running, instead of waiting for the whole tile. With BLOCK_N =
-// 128 (a 64 x 128 S tile per warpgroup: twice the work per wgmma descriptor pair and per barrier round
-// trip of rung 7's 64) a 128-row Q tile plus 2 stages of K and V is 160 KB; 3 stages 224 KB (the most
-// that fits in 227 KB); BLOCK_N 176 or 192 fits with 2 stages. NUM_STAGES and BLOCK_N are macros from
+// The idea (over rung 7): make the producer/consumer ring deep and fine-grained enough that the
+// consumers never wait for a load. K and V of a slot now have separate "empty" barriers: a consumer
+// warp releases K as soon as its S = Q·Kᵀ wgmmas have completed, so the producer refills the K half
+// of the slot while the softmax and P·V of the same tile are still running, instead of waiting for the
+// whole tile. NUM_STAGES (2 or 3) slots, and BLOCK_N = 128 keys per tile: each warpgroup's wgmmas are
+// m64n128k16 for both products (twice the work per descriptor pair, per barrier round trip and per
+// softmax reduction of rung 7's 64). Q (32 KB) + 2 slots of K and V is 160 KB; 3 slots 224 KB (the most
+// that fits in 227 KB); BLOCK_N 176 or 192 fits with 2 slots. NUM_STAGES and BLOCK_N are macros from
 // rungs.py so they can be swept on the GPU.
-// Sources: FlashAttention-3 (Shah et al., 2024) Sec. 3.1 (circular shared-memory buffer between producer
-// and consumer warpgroups) and its tile-size choice for head_dim 128 (Sec. 4); PTX ISA "mbarrier"
-// (phases and parity), "cp.async.bulk.tensor".
+// Sources: FlashAttention-3 (Shah et al., 2024) Sec. 3.1 (circular shared-memory buffer between the
+// producer and consumer warpgroups, released per stage) and its 128 x 128 / 128 x 176 tiles for
+// head_dim 128; PTX ISA "mbarrier" (phases and parity), "cp.async.bulk.tensor".
 //
-//   ring stage s:  full_k[s] full_v[s]   (TMA complete_tx -> consumers)
-//                  empty_k[s] empty_v[s] (8 consumer-warp arrivals -> producer)
-//   producer: for j: wait empty_k[s] -> load K_j | wait empty_v[s] -> load V_j
-//   consumer: wait full_k -> S = Q K_j^T -> wgmma wait -> arrive empty_k -> softmax
-//             wait full_v -> O += P V_j -> wgmma wait -> arrive empty_v
+//   slot s:  full_k[s]  full_v[s]    TMA complete_tx ─► consumers
+//            empty_k[s] empty_v[s]   8 consumer-warp arrivals ─► producer
+//   producer:  for tile nb: wait empty_k[slot] ─► K_nb │ wait empty_v[slot] ─► V_nb
+//   consumers: wait full_k ─► S = Q·Kᵀ ─► arrive empty_k ─► softmax ─► wait full_v ─► O += P·V
+//              ─► arrive empty_v
 //
-// Shared memory (1024-B aligned; each tile = two 64-column panels of rows x 128 B, TMA 128-B swizzle):
-//   [ Q: 2 x BLOCK_M x 128 B ][ K stage 0 .. NUM_STAGES-1 ][ V stage 0 .. NUM_STAGES-1 ]
+// Shared memory (1024-B aligned): [ Q: 2 panels x BLOCK_M x 128 B ][ K stages ][ V stages ], each K or V
+// stage 2 panels x BLOCK_N x 128 B.
+
+#include <cuda_bf16.h>
 #include <math_constants.h>
 
 #include "hopper.cuh"
 
-#if !defined(HEAD_DIM) || !defined(BLOCK_M) || !defined(BLOCK_N) || !defined(NUM_THREADS)
-#error "HEAD_DIM, BLOCK_M, BLOCK_N and NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
 #endif
-#if !defined(NUM_STAGES) || !defined(Q_BOX_ROWS) || !defined(KV_BOX_ROWS)
-#error "NUM_STAGES, Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
 #endif
-#if HEAD_DIM != 128
-#error "this kernel is written for head_dim 128 (two 64-column TMA panels)"
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_THREADS
+#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#ifndef NUM_STAGES
+#error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
+#endif
+#if !defined(Q_BOX_ROWS) || !defined(KV_BOX_ROWS)
+#error "Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
 #endif
 
-constexpr int kBlockM = BLOCK_M;
-constexpr int kBlockN = BLOCK_N;
-constexpr int kStages = NUM_STAGES;
-constexpr int kConsumerWGs = NUM_THREADS / 128 - 1;  // warpgroup 0 is the producer
-constexpr int kConsumerWarps = 4 * kConsumerWGs;      // arrivals that empty a stage
-constexpr int kProducerRegs = 24;                     // setmaxnreg targets: 128*24 + 256*240 <= 64K
-constexpr int kConsumerRegs = 240;
-constexpr int kAccS = kBlockN / 2;      // fp32 accumulators per thread for S (m64 x BLOCK_N)
-constexpr int kAccO = HEAD_DIM / 2;     // fp32 accumulators per thread for O (m64 x 128)
-constexpr int kPSlices = kBlockN / 16;  // k16 slices of P (A operand of O += P V)
+typedef __nv_bfloat16 bf16;
 
-constexpr uint32_t kRowBytes = 128;                       // one row of a 64-column bf16 panel
-constexpr uint32_t kQPanelBytes = kBlockM * kRowBytes;    // Q tile: two panels
-constexpr uint32_t kQTileBytes = 2 * kQPanelBytes;
-constexpr uint32_t kKVPanelBytes = kBlockN * kRowBytes;   // K or V tile: two panels
-constexpr uint32_t kKVTileBytes = 2 * kKVPanelBytes;
+#define NEG_INF (-CUDART_INF_F)
 
-static_assert(NUM_THREADS % 128 == 0 && kBlockM == 64 * kConsumerWGs, "one consumer warpgroup per 64 rows");
-static_assert(128 * kProducerRegs + 128 * kConsumerWGs * kConsumerRegs <= 65536, "register file");
-static_assert(kBlockN % 16 == 0, "BLOCK_N must be a multiple of the wgmma k (16)");
-static_assert(kBlockM % Q_BOX_ROWS == 0 && kBlockN % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
+constexpr int NUM_WARPS = NUM_THREADS / 32;
+constexpr int PRODUCER_WARPS = 4;                // warpgroup 0 loads, warpgroups 1.. compute
+constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
+constexpr int PRODUCER_REGS = 24;                // setmaxnreg targets: 128·24 + 256·240 <= 64 K
+constexpr int CONSUMER_REGS = 240;
+constexpr int WARP_ROWS = 16;                    // rows of Q per warp (its part of a wgmma's M = 64)
+constexpr int WARPGROUP_ROWS = 64;               // M of one wgmma: 4 warps x 16 rows
+constexpr uint32_t ROW_BYTES = 128;               // one row of a 64-column bf16 panel
+constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;  // bytes of one 64-column panel of the Q tile
+constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES; // ... of a K or V tile
+constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;   // a K (or V) tile: two panels
+constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp (accumulator groups of 4)
+constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp (accumulator groups of 4)
+
+static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
+static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
+static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
 static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
-static_assert(kStages >= 1, "NUM_STAGES >= 1");
+static_assert(BLOCK_M == CONSUMER_WARPS * WARP_ROWS, "each consumer warp owns 16 rows of Q");
+static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <= 65536,
+              "the register file holds 64 K registers");
+static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
+static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
 
-// ex2.approx.ftz.f32: the MUFU instruction itself (exp2f adds range handling we do not need);
-// ex2(-inf) = +0, which is how masked keys get probability 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// A (rows x 128) bf16 tile = two 64-column panels (128-B swizzle caps a box at 128 B of columns),
-// each panel `rows / box_rows` boxes high. Panel p lands at dst + p * rows * 128 B.
+// 2^x on the special-function unit: one MUFU.EX2, no range handling (2^−inf = +0, subnormals -> 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
+// ---------------------------------------------------------------------------------------------
+
+// As in rung 5 a tile is two 64-column panels of 128-B rows, 16-B chunk c of row r stored at chunk
+// c ^ (r % 8), 1024-B aligned. That is exactly the canonical "128-byte swizzle" layout that wgmma
+// reads through a matrix descriptor (see hopper.cuh), so no address arithmetic happens in this file:
+// the descriptors below point at 8-row atoms and the tensor cores apply the XOR themselves.
+
+// ---------------------------------------------------------------------------------------------
+// Global -> shared tile copies (TMA, one thread)
+// ---------------------------------------------------------------------------------------------
+
+// A (rows x 128) bf16 tile = two 64-column panels, each `rows / box_rows` boxes high; panel p lands at
+// dst + p * rows * 128 B. Coordinates (col, row, bh), innermost first; rows past seqlen are zero-filled
+// by the TMA unit and still count toward the barrier's transaction bytes.
 __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
                                               int box_rows, int row0, int bh) {
-  for (int p = 0; p < 2; ++p)
-    for (int r = 0; r < rows; r += box_rows)
-      hop::tma_load_3d(dst + (p * rows + r) * kRowBytes, map, bar, p * 64, row0 + r, bh);
+    for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            hop::tma_load_3d(dst + (p * rows + r) * ROW_BYTES, map, bar, p * 64, row0 + r, bh);
 }
 
-// One K or V tile `tile` into ring stage `stage` of `ring`, completing on `full`.
-__device__ __forceinline__ void issue_tile(int tile, int stage, unsigned char* ring, const TmaDesc* map,
-                                           uint64_t* full, int bh) {
-  hop::mbar_arrive_expect_tx(full, kKVTileBytes);
-  tma_load_tile(ring + stage * kKVTileBytes, map, full, kBlockN, KV_BOX_ROWS, tile * kBlockN, bh);
-}
+// ---------------------------------------------------------------------------------------------
+// Fragment helpers. Notation: lane = 4*g + t, g = groupID (0..7), t = threadID_in_group (0..3).
+// Per warp, the wgmma m64nNk16 fragments are the mma.m16n8k16 ones (PTX ISA "Register Fragments"):
+//   A (16x16): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
+//   D (16xN):  d[j][0], d[j][1] = (g, 8j + 2t..8j + 2t+1)   d[j][2], d[j][3] = (g+8, 8j + 2t..)
+// ---------------------------------------------------------------------------------------------
 
-// S = Q K^T for this warpgroup's 64 rows: head_dim 128 = 8 k16 steps, 4 per 64-column panel. Both
-// operands K-major; the k-th slice of a panel starts 32 B further into each 128-B swizzled row.
-// SIGN = -1 computes S = (-Q) K^T (wgmma's imm-scale-a), for a negative softmax scale. Issues the
-// wgmmas as one group and waits for it, so that a branch between the two signs holds whole groups.
+// S = Q·Kᵀ for the warpgroup whose 64 rows of Q start at shared address q_rows: head_dim 128 =
+// 8 k16 steps, 4 per 64-column panel. Q (A) and K (B) are both K-major (contiguous along head_dim);
+// the k16 slice kk % 4 of a panel starts 32 B further into each 128-B swizzled row. SIGN = -1
+// computes S = (−Q)·Kᵀ (wgmma's imm-scale-a). The wgmmas are one group, waited for here, so that the
+// caller's branch between the two signs holds whole groups.
 template <int SIGN>
-__device__ __forceinline__ void gemm_qk(float (&s)[kAccS], uint32_t q_addr, uint32_t k_addr) {
-  hop::wgmma_fence();  // S registers were read by the previous tile's softmax
+__device__ __forceinline__ void gemm_qk(float (&s)[S_TILES][4], uint32_t q_rows, uint32_t k_tile) {
+    hop::wgmma_fence();  // s was read and written by the previous tile's softmax
 #pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-    const uint32_t panel = kk / 4, koff = (kk % 4) * 32;
-    const uint64_t a = hop::desc_kmajor_sw128(q_addr + panel * kQPanelBytes + koff);
-    const uint64_t b = hop::desc_kmajor_sw128(k_addr + panel * kKVPanelBytes + koff);
-    hop::wgmma_ss<kBlockN, SIGN>(s, a, b, kk > 0);  // first step overwrites S (scale-d = 0)
-  }
-  hop::wgmma_commit();
-  hop::wgmma_wait<0>();
-}
-
-// O += P V: BLOCK_N/16 k16 steps over the keys. B = V (keys x 128) is MN-major: 16 keys = two 8-row
-// groups 1024 B apart (SBO); head_dim 128 = two 64-column panels kKVPanelBytes apart (LBO). The k16
-// slice t starts 16 rows = 2048 B into each panel.
-__device__ __forceinline__ void gemm_pv(float (&o)[kAccO], const uint32_t (&p)[kPSlices][4], uint32_t v_addr) {
-#pragma unroll
-  for (int t = 0; t < kPSlices; ++t) {
-    const uint64_t b = hop::desc_mnmajor_sw128(v_addr + t * 16 * kRowBytes, kKVPanelBytes);  // CHECK: LBO/SBO roles
-    hop::wgmma_m64n128k16_rs<1>(o, p[t], b, 1);
-  }
-}
-
-// Keys >= seqlen_k (TMA filled them with zeros) get score -inf. Column of accumulator i of this
-// thread: 8*(i/4) + 2*(lane%4) + (i%2) (wgmma D fragment).
-__device__ __forceinline__ void mask_tail(float (&s)[kAccS], int kv0, int seqlen_k, int lane) {
-#pragma unroll
-  for (int i = 0; i < kAccS; ++i) {
-    const int col = kv0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-    if (col >= seqlen_k) s[i] = -CUDART_INF_F;
-  }
-}
-
-// Online softmax for this thread's two rows (h = 0: row lane/4, h = 1: row lane/4 + 8; accumulators
-// with ((i >> 1) & 1) == h). Each row is spread over the 4 threads of a quad: reduce with two
-// shuffles. Scores are raw (unscaled); scale*log2(e) is folded into one FFMA before ex2. On return
-// s holds the probabilities, l the thread-partial row sums, o is rescaled by exp2(m_old - m_new).
-__device__ __forceinline__ void online_softmax(float (&s)[kAccS], float (&m)[2], float (&l)[2], float (&o)[kAccO],
-                                               float scale_log2) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int c = 0; c < kBlockN / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx);
-    // A row with no valid key yet keeps m = -inf: subtract 0 instead, so (-inf) - (-inf) never occurs.
-    const float m_scaled = (m_new == -CUDART_INF_F) ? 0.f : m_new * scale_log2;
-    const float alpha = fast_exp2(m[h] * scale_log2 - m_scaled);  // 0 on the first tile (m = -inf)
-    m[h] = m_new;
-    float rowsum = 0.f;
-#pragma unroll
-    for (int c = 0; c < kBlockN / 8; ++c) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 4 * c + 2 * h + e;
-        s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_scaled));
-        rowsum += s[i];
-      }
+    for (int d = 0; d < D_STEPS; ++d) {
+        // CHECK: k16 slice inside a 128-B swizzled row = start address + 32 B (base offset field 0).
+        const uint32_t panel = d / 4, koff = (d % 4) * 32;
+        const uint64_t a = hop::desc_kmajor_sw128(q_rows + panel * Q_PANEL + koff);
+        const uint64_t b = hop::desc_kmajor_sw128(k_tile + panel * KV_PANEL + koff);
+        hop::wgmma_ss<BLOCK_N, SIGN>(s, a, b, d > 0);  // the first step overwrites S (scale-d = 0)
     }
-    l[h] = l[h] * alpha + rowsum;
-#pragma unroll
-    for (int c = 0; c < HEAD_DIM / 8; ++c) {
-      o[4 * c + 2 * h] *= alpha;
-      o[4 * c + 2 * h + 1] *= alpha;
-    }
-  }
+    hop::wgmma_commit();
+    hop::wgmma_wait<0>();
 }
 
-// P (fp32 accumulator of S) -> bf16 A fragments of O += P V: slice t, register r packs accumulators
-// 8t + 2r and 8t + 2r + 1 (see hopper.cuh, "wgmma.mma_async" comment).
-__device__ __forceinline__ void pack_p(const float (&s)[kAccS], uint32_t (&p)[kPSlices][4]) {
+// O += P·V: KV_STEPS k16 steps over the keys, P from registers. B = V (keys x 128) is MN-major: 16 keys
+// = two groups of 8 rows 1024 B apart (SBO), head_dim 128 = two 64-column panels KV_PANEL bytes apart
+// (LBO). The k16 slice kv starts 16 rows = 2048 B into each panel.
+__device__ __forceinline__ void gemm_pv(float (&o)[O_TILES][4], const uint32_t (&p)[KV_STEPS][4],
+                                        uint32_t v_tile) {
+    hop::wgmma_fence();  // o was rescaled and p written since the last wgmma
 #pragma unroll
-  for (int t = 0; t < kPSlices; ++t)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) p[t][r] = hop::pack_bf16x2(s[8 * t + 2 * r], s[8 * t + 2 * r + 1]);
+    for (int kv = 0; kv < KV_STEPS; ++kv) {
+        // CHECK: MN-major descriptor: LBO = next 64-column panel, SBO = next 8 keys (see hopper.cuh).
+        const uint64_t b = hop::desc_mnmajor_sw128(v_tile + kv * 16 * ROW_BYTES, KV_PANEL);
+        hop::wgmma_m64n128k16_rs<1>(o, p[kv], b, 1);
+    }
+    hop::wgmma_commit();
+    hop::wgmma_wait<0>();
 }
 
-// O / l to global memory straight from the accumulator fragment, rows >= seqlen_q skipped.
-// Thread owns rows row_base + lane/4 (+8) and, per 8-column group c, columns 8c + 2*(lane%4) + {0,1}.
-__device__ __forceinline__ void store_o(const float (&o)[kAccO], const float (&l)[2], __nv_bfloat16* out,
-                                        int bh, int row_base, int seqlen_q, int lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int row = row_base + lane / 4 + 8 * h;
-    if (row < seqlen_q) {
-      __nv_bfloat16* dst = out + (bh * seqlen_q + row) * HEAD_DIM + 2 * (lane & 3);
-#pragma unroll
-      for (int c = 0; c < HEAD_DIM / 8; ++c)
-        *reinterpret_cast<uint32_t*>(dst + 8 * c) = hop::pack_bf16x2(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
-    }
-  }
+// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
+// slice j of P·V, element for element:
+//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
+//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
+__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
+                                                const float (&s_hi)[4]) {
+    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
+    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
+    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
+    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
 }
+
+// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register cap setmaxnreg needs
 attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
-         const __grid_constant__ TmaDesc tmap_v, __nv_bfloat16* o, int seqlen_q, int seqlen_k, int num_m_blocks,
-         float scale) {
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = hop::align_1024(smem_raw);
-  unsigned char* sQ = smem;
-  unsigned char* sK = sQ + kQTileBytes;
-  unsigned char* sV = sK + kStages * kKVTileBytes;
-  __shared__ __align__(8) uint64_t bar_q;
-  __shared__ __align__(8) uint64_t bar_k[kStages];        // full: K tile landed
-  __shared__ __align__(8) uint64_t bar_v[kStages];        // full: V tile landed
-  __shared__ __align__(8) uint64_t bar_k_empty[kStages];  // empty: every consumer warp is done with K
-  __shared__ __align__(8) uint64_t bar_v_empty[kStages];  // empty: every consumer warp is done with V
+         const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
+         int num_m_blocks, float scale) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* s_q = hop::align_1024(smem_raw);        // 2 panels x BLOCK_M rows
+    unsigned char* s_k = s_q + 2 * Q_PANEL;                // NUM_STAGES K tiles
+    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES; // NUM_STAGES V tiles
+    __shared__ __align__(8) uint64_t bar_q;
+    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];   // K tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];   // V tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_k_empty[NUM_STAGES];  // every consumer warp is done with K
+    __shared__ __align__(8) uint64_t bar_v_empty[NUM_STAGES];  // every consumer warp is done with V
 
-  const int tid = threadIdx.x;
-  const int warpgroup = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-  const int bh = blockIdx.x / num_m_blocks;
-  const int m_block = blockIdx.x % num_m_blocks;
-  const int q_row0 = m_block * kBlockM;
-  const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.x / num_m_blocks;
+    const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
 
-  if (tid == 0) {
-    hop::tma_prefetch_desc(&tmap_q);
-    hop::tma_prefetch_desc(&tmap_k);
-    hop::tma_prefetch_desc(&tmap_v);
-    hop::mbar_init(&bar_q, 1);
-    for (int st = 0; st < kStages; ++st) {
-      hop::mbar_init(&bar_k[st], 1);
-      hop::mbar_init(&bar_v[st], 1);
-      hop::mbar_init(&bar_k_empty[st], kConsumerWarps);
-      hop::mbar_init(&bar_v_empty[st], kConsumerWarps);
-    }
-    hop::fence_barrier_init();
-  }
-  __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at mbarriers
+    const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
 
-  if (warpgroup == 0) {
-    // ---------------- producer ----------------
-    hop::setmaxnreg_dec<kProducerRegs>();  // all 4 warps of the warpgroup execute it
+    // Thread 0 copies the K (or V) tile nb into ring slot nb % NUM_STAGES, completing on `full`.
+    auto load_k = [&](int nb) {
+        const int slot = nb % NUM_STAGES;
+        hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
+        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
+                      bh);
+    };
+    auto load_v = [&](int nb) {
+        const int slot = nb % NUM_STAGES;
+        hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
+        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
+                      bh);
+    };
+
+    // Barriers: full ones take one arrival (the producer's arrive.expect_tx) plus the bytes; empty ones
+    // one arrival per consumer warp.
     if (tid == 0) {
-      hop::mbar_arrive_expect_tx(&bar_q, kQTileBytes);
-      tma_load_tile(sQ, &tmap_q, &bar_q, kBlockM, Q_BOX_ROWS, q_row0, bh);
-      int stage = 0;
-      uint32_t phase = 0;  // parity of the full barriers' phase for tile j
-      for (int j = 0; j < n_tiles; ++j) {
-        // Tile j reuses the stage of tile j - NUM_STAGES: wait until its consumers released it (that
-        // release completed phase j/NUM_STAGES - 1 of the empty barrier, parity phase ^ 1). K is
-        // usually released a whole softmax + P V earlier than V.
-        if (j >= kStages) hop::mbar_wait(&bar_k_empty[stage], phase ^ 1);
-        issue_tile(j, stage, sK, &tmap_k, &bar_k[stage], bh);
-        if (j >= kStages) hop::mbar_wait(&bar_v_empty[stage], phase ^ 1);
-        issue_tile(j, stage, sV, &tmap_v, &bar_v[stage], bh);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
+        hop::tma_prefetch_desc(&tmap_q);
+        hop::tma_prefetch_desc(&tmap_k);
+        hop::tma_prefetch_desc(&tmap_v);
+        hop::mbar_init(&bar_q, 1);
+        for (int st = 0; st < NUM_STAGES; ++st) {
+            hop::mbar_init(&bar_k[st], 1);
+            hop::mbar_init(&bar_v[st], 1);
+            hop::mbar_init(&bar_k_empty[st], CONSUMER_WARPS);
+            hop::mbar_init(&bar_v_empty[st], CONSUMER_WARPS);
         }
-      }
+        hop::fence_barrier_init();
     }
-    return;  // the other producer threads have nothing to do
-  }
+    __syncthreads();  // the last CTA-wide barrier: from here on the roles meet only at mbarriers
 
-  // ---------------- consumers ----------------
-  hop::setmaxnreg_inc<kConsumerRegs>();
-  const int cwg = warpgroup - 1;  // consumer index: rows 64*cwg .. 64*cwg+63 of the Q tile
-
-  float o_acc[kAccO], s_acc[kAccS];
-#pragma unroll
-  for (int i = 0; i < kAccO; ++i) o_acc[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < kAccS; ++i) s_acc[i] = 0.f;
-  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
-  // A negative scale: softmax(scale*S) = softmax(|scale|*(-S)); the S wgmma negates Q on the fly, so
-  // the max of the raw scores below is the max of the scaled ones. A zero scale becomes FLT_MIN (the
-  // same uniform P, but -inf * scale stays -inf for masked keys instead of NaN).
-  const bool negate = scale < 0.f;
-  scale = fmaxf(fabsf(scale), 1.17549435e-38f);
-  const float scale_log2 = scale * 1.4426950408889634f;  // softmax(scale*x) = 2^(x*scale*log2 e) / sum
-
-  const uint32_t q_addr = hop::smem_u32(sQ) + cwg * 64 * kRowBytes;  // this warpgroup's 64 rows
-  hop::mbar_wait(&bar_q, 0);
-
-  int stage = 0;
-  uint32_t phase = 0;  // parity of the barrier phase holding tile j in `stage`
-  for (int j = 0; j < n_tiles; ++j) {
-    // S = Q K_j^T
-    hop::mbar_wait(&bar_k[stage], phase);
-    hop::reg_fence(s_acc);
-    if (negate)  // warp-uniform (a kernel argument)
-      gemm_qk<-1>(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
-    else
-      gemm_qk<1>(s_acc, q_addr, hop::smem_u32(sK) + stage * kKVTileBytes);
-    hop::reg_fence(s_acc);
-    if (lane == 0) hop::mbar_arrive(&bar_k_empty[stage]);  // this warp no longer reads K_j
-
-    // softmax (only the last tile can hold keys >= seqlen_k)
-    if ((j + 1) * kBlockN > seqlen_k) mask_tail(s_acc, j * kBlockN, seqlen_k, lane);
-    online_softmax(s_acc, m_run, l_run, o_acc, scale_log2);
-    uint32_t p_frag[kPSlices][4];
-    pack_p(s_acc, p_frag);
-
-    // O += P V_j
-    hop::mbar_wait(&bar_v[stage], phase);
-#pragma unroll
-    for (int t = 0; t < kPSlices; ++t) hop::reg_fence(p_frag[t]);
-    hop::reg_fence(o_acc);
-    hop::wgmma_fence();
-    gemm_pv(o_acc, p_frag, hop::smem_u32(sV) + stage * kKVTileBytes);
-    hop::wgmma_commit();
-    hop::wgmma_wait<0>();
-    hop::reg_fence(o_acc);
-
-    if (lane == 0) hop::mbar_arrive(&bar_v_empty[stage]);  // this warp no longer reads V_j
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
+    if (warp < PRODUCER_WARPS) {
+        // ---------------- producer ----------------
+        hop::setmaxnreg_dec<PRODUCER_REGS>();  // executed by all 4 warps of the warpgroup
+        if (tid == 0) {
+            hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
+            tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+            uint32_t phase = 0;  // parity of the phase that tile nb completes on its slot's barriers
+            for (int nb = 0; nb < num_n_blocks; ++nb) {
+                const int slot = nb % NUM_STAGES;
+                // Tile nb reuses the slot of tile nb − NUM_STAGES: wait until every consumer warp has
+                // released that one (it completed the empty barrier's previous phase: parity phase ^ 1).
+                // K comes back a whole softmax + P·V earlier than V.
+                if (nb >= NUM_STAGES) hop::mbar_wait(&bar_k_empty[slot], phase ^ 1);
+                load_k(nb);
+                if (nb >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], phase ^ 1);
+                load_v(nb);
+                if (slot == NUM_STAGES - 1) phase ^= 1;
+            }
+        }
+        return;  // the other producer threads have nothing to do
     }
-  }
 
-  store_o(o_acc, l_run, o, bh, q_row0 + cwg * 64 + warp * 16, seqlen_q, lane);
+    // ---------------- consumers ----------------
+    hop::setmaxnreg_inc<CONSUMER_REGS>();
+    const int cw = warp - PRODUCER_WARPS;  // consumer warp: rows 16·cw .. 16·cw + 15 of the Q tile
+
+    // Q stays in shared memory: the wgmmas read it from there, every tile. Consumer warpgroup cw/4
+    // issues them for its 64 rows.
+    hop::mbar_wait(&bar_q, 0);
+    const uint32_t q_rows = smem_addr(s_q) + (cw / 4) * WARPGROUP_ROWS * ROW_BYTES;
+
+    // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
+    // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
+    // scale (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
+    // masked keys and for the first tile's max instead of turning into NaN.
+    const bool negate = scale < 0.f;
+    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+
+    // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
+    float o_acc[O_TILES][4];
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};  // raw scores (scale not applied)
+    const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
+    float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
+    float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
+#pragma unroll
+    for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+
+    uint32_t phase = 0;  // parity of the barrier phase that holds tile nb in its slot
+    for (int nb = 0; nb < num_n_blocks; ++nb) {
+        const int n_start = nb * BLOCK_N;
+        const int slot = nb % NUM_STAGES;
+        const uint32_t s_kt = smem_addr(s_k + slot * KV_TILE_BYTES);
+        const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
+
+        // ---- S = Q·Kᵀ (64 x BLOCK_N per warpgroup), fp32 in registers ----
+        hop::mbar_wait(&bar_k[slot], phase);
+        hop::reg_fence(s);
+        if (negate)  // warp-uniform: a kernel argument
+            gemm_qk<-1>(s, q_rows, s_kt);
+        else
+            gemm_qk<1>(s, q_rows, s_kt);
+        hop::reg_fence(s);  // no read of S above the wgmma wait
+        if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
+
+        // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        if (n_start + BLOCK_N > seqlen_k) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (n_start + j * 8 + 2 * t + (e & 1) >= seqlen_k) s[j][e] = NEG_INF;
+                }
+            }
+        }
+
+        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − m·c), c = scale·log2 e ----
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float alpha[2], m_scaled[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
+            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
+            m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
+            alpha[r] = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
+            row_max[r] = m_new;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
+                row_sum[e >> 1] += s[j][e];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+            o_acc[j][0] *= alpha[0];
+            o_acc[j][1] *= alpha[0];
+            o_acc[j][2] *= alpha[1];
+            o_acc[j][3] *= alpha[1];
+        }
+
+        // ---- O += P·V: P re-packed in registers as A fragments, V read by the tensor cores ----
+        uint32_t p_frag[KV_STEPS][4];
+#pragma unroll
+        for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[kv], s[2 * kv], s[2 * kv + 1]);
+        hop::mbar_wait(&bar_v[slot], phase);
+        hop::reg_fence(p_frag);
+        hop::reg_fence(o_acc);  // the rescale above happens before the wgmmas, not during them
+        gemm_pv(o_acc, p_frag, s_vt);
+        hop::reg_fence(o_acc);
+        if (lane == 0) hop::mbar_arrive(&bar_v_empty[slot]);  // ... nor V_nb
+        if (slot == NUM_STAGES - 1) phase ^= 1;  // the next use of each slot is its next phase
+    }
+
+    // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+        if (row < seqlen_q) {
+            bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+            }
+        }
+    }
 }

@@ -76,9 +76,9 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// PTX ISA "mbarrier.test_wait / mbarrier.try_wait", .parity variant: true once the phase with parity `parity` has completed
-// (acquire semantics at CTA scope by default). try_wait may suspend the thread for a system-dependent
-// time before returning false, so a plain retry loop is not a hot spin.
+// PTX ISA "mbarrier.test_wait / mbarrier.try_wait", .parity variant: true once the phase with parity
+// `parity` has completed (acquire semantics at CTA scope by default). try_wait may suspend the thread
+// for a system-dependent time before returning false, so a plain retry loop is not a hot spin.
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
@@ -125,8 +125,8 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, uint6
 }
 
 // ---------------------------------------------------------------------------------------------
-// Proxy fence (PTX ISA "membar / fence": fence.proxy.async). Shared memory written by ordinary st.shared
-// (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence in between.
+// Proxy fence (PTX ISA "membar / fence": fence.proxy.async). Shared memory written by ordinary
+// st.shared (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence first.
 // TMA-load -> wgmma needs none: both are async proxy, ordered by the mbarrier wait.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void fence_proxy_async() {
@@ -150,8 +150,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// wgmma ordering (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"). All three are warpgroup-collective (.sync.aligned): every warp
-// of the warpgroup executes them convergently.
+// wgmma ordering (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"). All three are
+// warpgroup-collective (.sync.aligned): every warp of the warpgroup executes them convergently.
 //   wgmma_fence()      before the first wgmma that reads registers (accumulators or the A fragment)
 //                      written by ordinary instructions since the last wgmma;
 //   wgmma_commit()     closes the wgmmas issued so far into one wgmma-group;
@@ -159,7 +159,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 //                      accumulators be read, and only then are the shared-memory operands free.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
@@ -177,6 +179,16 @@ template <int N>
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void reg_fence(float (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
+template <int N, int M>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,27 +233,32 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint3
 }
 
 // ---------------------------------------------------------------------------------------------
-// wgmma.mma_async (PTX ISA "wgmma.mma_async"), .f32.bf16.bf16, shape m64nNk16, one warpgroup (128 threads).
+// wgmma.mma_async (PTX ISA "wgmma.mma_async"), .f32.bf16.bf16, shape m64nNk16, one warpgroup (128
+// threads; warp w of the warpgroup owns rows 16w .. 16w+15 of the 64).
 //
-// Accumulator fragment (PTX ISA "Register Fragments", matrix D), thread t of the warpgroup, warp
-// w = t / 32, lane l = t % 32, register i in [0, N/2):
-//     row = 16*w + l/4 + 8*((i >> 1) & 1),    col = 8*(i >> 2) + 2*(l % 4) + (i & 1)
-// A fragment from registers (16-bit types): four .b32 registers, each two bf16 (lower k in the low
-// half):  a[r] holds row 16*w + l/4 + 8*(r & 1), cols 8*(r >> 1) + 2*(l % 4) + {0, 1}.
-// Hence the accumulator of S = Q K^T, rounded to bf16 pairs, IS the A fragment of P V: the k-slice
-// kk (columns 16kk .. 16kk+15) is a[r] = pack(s[8kk + 2r], s[8kk + 2r + 1]).
+// Accumulator fragment (PTX ISA "Register Fragments", matrix D): for warp w, lane l = 4g + t, the N/2
+// registers form N/8 groups of four, one per n8 column tile j, and
+//     d[j][e]:  row 16w + g + 8*(e >> 1),  column 8j + 2t + (e & 1)
+// i.e. each warp's part is exactly the mma.sync m16n8 C fragment of N/8 tiles side by side. The
+// helpers take it as float[N/8][4] for that reason.
+// A fragment from registers (16-bit types): four .b32 registers of two bf16 each (lower k in the low
+// half): a[0] = (row g, k 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..), a[3] = (g+8, 2t+8..) of
+// the warp's 16 rows, the mma.sync m16n8k16 A layout. Hence the accumulator of S = Q K^T, rounded to
+// bf16 pairs, IS the A fragment of P V: the k16 slice kv (keys 16kv .. 16kv+15) is
+//     a = { pack(d[2kv][0..1]), pack(d[2kv][2..3]), pack(d[2kv+1][0..1]), pack(d[2kv+1][2..3]) }.
 //
 // `accumulate` = 0 makes the instruction ignore the old accumulator (D = A*B), 1 gives D += A*B.
 // Every accumulator is a "+f" operand so the compiler treats it as read and written by the asm.
 // ---------------------------------------------------------------------------------------------
-#define HOP_ACC8(d, i)                                                                        \
-  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
-      "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+// Accumulators of the n8 tiles j and j + 1 (8 registers).
+#define HOP_ACC8(d, j)                                                                             \
+  "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[(j) + 1][0]), "+f"(d[(j) + 1][1]), \
+      "+f"(d[(j) + 1][2]), "+f"(d[(j) + 1][3])
 
-// m64n64k16, A and B from shared memory (both K-major), fp32 accumulators: d[32].
+// m64n64k16, A and B from shared memory (both K-major), fp32 accumulators: d[8][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
       "{\n"
@@ -252,14 +269,14 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
       " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
       " %32, %33, p, %35, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24)
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
-// m64n128k16, A and B from shared memory (both K-major), fp32 accumulators: d[64].
+// m64n128k16, A and B from shared memory (both K-major), fp32 accumulators: d[16][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
       "{\n"
@@ -272,15 +289,15 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
       " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
       " %64, %65, p, %67, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
-        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56)
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
+        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
-// m64n176k16, A and B from shared memory (both K-major), fp32 accumulators: d[88].
+// m64n176k16, A and B from shared memory (both K-major), fp32 accumulators: d[22][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
-__device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[22][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
       "{\n"
@@ -295,16 +312,16 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t des
       " %80, %81, %82, %83, %84, %85, %86, %87},\n"
       " %88, %89, p, %91, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
-        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
-        HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80)
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
+        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14),
+        HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
-// m64n192k16, A and B from shared memory (both K-major), fp32 accumulators: d[96].
+// m64n192k16, A and B from shared memory (both K-major), fp32 accumulators: d[24][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
-__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[24][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
   asm volatile(
       "{\n"
@@ -319,16 +336,16 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t des
       " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
       " %96, %97, p, %99, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
       "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
-        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56),
-        HOP_ACC8(d, 64), HOP_ACC8(d, 72), HOP_ACC8(d, 80), HOP_ACC8(d, 88)
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
+        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14),
+        HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20), HOP_ACC8(d, 22)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n128k16, A from registers (4 x bf16x2 per thread), B from shared memory; tnspB is a
-// template argument (1 = B is MN-major, i.e. contiguous along N). fp32 accumulators: d[64].
+// template argument (1 = B is MN-major, i.e. contiguous along N). fp32 accumulators: d[16][4].
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4],
                                                    uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n"
@@ -341,8 +358,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
       " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
       " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"   // scale-d, scale-a, scale-b, tnspB
       "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 8), HOP_ACC8(d, 16), HOP_ACC8(d, 24),
-        HOP_ACC8(d, 32), HOP_ACC8(d, 40), HOP_ACC8(d, 48), HOP_ACC8(d, 56)
+      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
+        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
@@ -350,7 +367,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 
 // m64nNk16 SS for an N (= BLOCK_N) chosen at compile time; SCALE_A = +1 or -1.
 template <int N, int SCALE_A = 1>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b,
+                                         int accumulate) {
   static_assert(SCALE_A == 1 || SCALE_A == -1, "imm-scale-a is +1 or -1");
   if constexpr (N == 64) {
     wgmma_m64n64k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
@@ -363,13 +381,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   } else {
     static_assert(N == 64, "wgmma_ss: add an m64nNk16 variant for this N");
   }
-}
-
-// Two fp32 -> one register of two bf16 (round to nearest even), `lo` in the low half: the element
-// with the lower k index, as the wgmma/mma A fragment expects.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 }  // namespace hop
