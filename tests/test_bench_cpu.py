@@ -414,3 +414,22 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # the table and its notes come last
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
     assert any(line.startswith("07 good") and "(1.00x)" in line for line in out)
+
+
+def test_rung_page_measured_block(tmp_path):
+    doc = _synthetic_doc()
+    page = tmp_path / "03-x.md"
+    page.write_text("# rung 3\nintro\n<!-- measured:begin -->\nold\n<!-- measured:end -->\ntail\n")
+    # rung 3 has no rows: the page is left alone
+    assert report.update_rung_pages(doc, {3: page}) == []
+    page4 = tmp_path / "04-x.md"
+    page4.write_text(page.read_text())
+    assert report.update_rung_pages(doc, {4: page4}) == [page4]
+    text = page4.read_text()
+    assert text.startswith("# rung 3\nintro\n<!-- measured:begin -->\n") and text.endswith("<!-- measured:end -->\ntail\n")
+    assert "old" not in text
+    # rung 4 at 450 vs cuDNN 600 -> 0.75x; the rung below (3) is absent -> no gain figure
+    assert "| **this rung 4** | 450 (0.75×)" in text
+    assert "| before: rung 3 | — |" in text
+    block = report.rung_page_block(doc, 2)
+    assert "| **this rung 2** | 300 (0.50×) | error | skipped |" in block
