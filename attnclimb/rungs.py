@@ -108,22 +108,22 @@ RUNGS: tuple[Rung, ...] = (
          block_m=64, block_n=64, threads=256,
          smem_bytes=4 * ((64 + 64) * (HEAD_DIM + 4) + 64 * HEAD_DIM), max_bench_seqlen=4096),
     Rung(2, "mma_sync", "tensor cores: mma.sync m16n8k16 with ldmatrix, P kept in registers", "pointer",
-         block_m=128, block_n=64, threads=256,
+         block_m=128, block_n=64, threads=128,
          smem_bytes=(128 + 2 * 64) * (HEAD_DIM + 8) * BF16_BYTES,  # padded rows: +8 bf16 each
          sass_required=("HMMA", "LDSM")),
     Rung(3, "cp_async", "cp.async multi-buffered, swizzled K/V tiles", "pointer",
-         block_m=128, block_n=64, threads=256,
+         block_m=128, block_n=64, threads=128,
          smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64),  # Q + NUM_STAGES x (K, V)
          extra_defines={"NUM_STAGES": 2},
          sass_required=("HMMA", "LDSM", "LDGSTS")),
     Rung(4, "fast_softmax", "scale*log2(e) folded into one FFMA before ex2, shuffle reductions", "pointer",
-         block_m=128, block_n=64, threads=256,
+         block_m=128, block_n=64, threads=128,
          smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64), extra_defines={"NUM_STAGES": 2},
          sass_required=("HMMA", "LDSM", "LDGSTS")),
     # Rungs 5+ take TMA tensor maps (docs/kernel-abi.md): Q box (64, q_box_rows, 1), K/V box
     # (64, kv_box_rows, 1), 128-B swizzle, zero OOB fill; a tile is two 64-column panels.
     Rung(5, "tma", "TMA tile loads (cp.async.bulk.tensor, 128-B swizzle) completing on mbarriers; mma.sync compute",
-         "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
+         "tma", block_m=128, block_n=64, threads=128, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
          sass_required=("HMMA", "LDSM", "UTMALDG")),
     Rung(6, "wgmma", "wgmma.mma_async: S = QK^T from smem descriptors (SS), O += PV with P in registers (RS)",

@@ -15,7 +15,7 @@ import triton.testing
 
 from attnclimb import rungs
 from attnclimb.reference import attention_exact, rel_l2
-from attnclimb.runtime.launch import run_rung
+from attnclimb.runtime.launch import loaded, run_rung
 
 base = rungs.get(int(sys.argv[1]))
 variants = json.loads(sys.argv[2])
@@ -50,7 +50,9 @@ for ov in variants:
             ms = triton.testing.do_bench(step, warmup=100, rep=300, return_mode="median")
             t = 4 * b * 16 * s * s * 128 / ms / 1e9
             res.append(f"{s}: {t:6.1f} ({t / cudnn[s]:.2f}x)")
-        regs = [x.registers for x in r and __import__("attnclimb.runtime.launch", fromlist=["x"]).loaded(r, 0).compiled.resources]
-        print(f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} | " + "  ".join(res), flush=True)
+        lr = loaded(r, 0)
+        regs = [x.registers for x in lr.compiled.resources]
+        print(f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),
+              flush=True)
     except Exception as exc:
         print(f"{json.dumps(ov)} {defs} FAILED: {str(exc)[:300]}", flush=True)

@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import re
+import time
 
 import pytest
 
@@ -56,7 +57,9 @@ def test_cache_hit_is_fast_and_keyed_by_options(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path))
     r = rungs.get(1)
     first = compile_rung(r)
+    t0 = time.perf_counter()
     again = compile_rung(r)
+    assert time.perf_counter() - t0 < 0.05  # a cache hit reads two small files: milliseconds
     assert not first.cached and again.cached and again.cubin == first.cubin
     other = rungs.Rung(**{**r.__dict__, "extra_defines": {"UNUSED_KNOB": 1}})
     assert not compile_rung(other).cached  # new options: a new entry, never a stale cubin

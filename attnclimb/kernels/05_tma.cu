@@ -1,7 +1,7 @@
 // Rung 5 — TMA: whole tiles fetched by the Tensor Memory Accelerator, completion on mbarriers.
 //
-// The idea (over rung 4): stop spending 256 threads' instructions on data movement. In rung 4 every
-// thread computes addresses, bounds checks and a swizzled destination for 12 cp.async of 16 bytes per
+// The idea (over rung 4): stop spending 128 threads' instructions on data movement. In rung 4 every
+// thread computes addresses, bounds checks and a swizzled destination for 16 cp.async of 16 bytes per
 // K/V tile and the whole CTA waits on cp.async groups + __syncthreads. On Hopper one thread can hand a
 // whole box to the TMA unit with cp.async.bulk.tensor: the tensor map (built once on the host, see
 // docs/kernel-abi.md) holds the shape, strides and swizzle, the unit generates the addresses, zero-fills
@@ -15,8 +15,9 @@
 // Sources: PTX ISA "cp.async.bulk.tensor", "Tensor Copy" / "Tensor-map" (swizzle modes), "mbarrier";
 // CUDA C++ Programming Guide, "Tensor Memory Access"; FlashAttention-3 (Shah et al., 2024) Sec. 3.1.
 //
-// Unchanged from rung 4: mma.sync.m16n8k16 fed by ldmatrix (.trans for V); 8 warps x 16 rows of Q;
-// P re-packed from the S accumulators in registers; exp2 softmax with scale*log2(e) folded into one
+// Unchanged from rung 4: mma.sync.m16n8k16 fed by ldmatrix (.trans for V); 4 warps x 32 rows of Q (two
+// m16 tiles per warp, Q's fragments re-read from shared memory per k-step), 2 CTAs per SM; P re-packed
+// from the S accumulators in registers; exp2 softmax with scale*log2(e) folded into one
 // FFMA; a NUM_STAGES-deep K/V ring (now: thread 0 refills, everybody waits on mbarriers, and a
 // __syncthreads() per tile still guards slot reuse).
 //
@@ -52,7 +53,8 @@ typedef __nv_bfloat16 bf16;
 #define NEG_INF (-CUDART_INF_F)
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int WARP_ROWS = 16;                    // rows of Q per warp = M of one mma
+constexpr int M_TILES = 2;                       // m16 tiles of Q per warp
+constexpr int WARP_ROWS = 16 * M_TILES;          // rows of Q per warp (32)
 constexpr uint32_t ROW_BYTES = 128;               // one row of a 64-column bf16 panel
 constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;  // bytes of one 64-column panel of the Q tile
 constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES; // ... of a K or V tile
@@ -66,7 +68,7 @@ static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chun
 static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
 static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
 static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
-static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 16 rows of Q");
+static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 32 rows of Q");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
 
 // ---------------------------------------------------------------------------------------------
@@ -141,6 +143,16 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc*
             hop::tma_load_3d(dst + (p * rows + r) * ROW_BYTES, map, bar, p * 64, row0 + r, bh);
 }
 
+// Flip the sign of every element of a `bytes`-long tile (any layout: every bf16 of it is data), 16 bytes
+// per thread and step. Callers order it after the tile's mbarrier wait and before readers with a
+// __syncthreads. Flipping bf16 sign bits is exact.
+__device__ __forceinline__ void negate_tile(unsigned char* tile, uint32_t bytes, int tid) {
+    for (uint32_t i = tid; i < bytes / 16; i += NUM_THREADS) {
+        uint4* chunk = reinterpret_cast<uint4*>(tile) + i;
+        chunk->x ^= 0x80008000u, chunk->y ^= 0x80008000u, chunk->z ^= 0x80008000u, chunk->w ^= 0x80008000u;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fragment helpers. Notation (PTX ISA mma.m16n8k16): lane = 4*g + t, g = groupID (0..7),
 // t = threadID_in_group (0..3).
@@ -158,37 +170,27 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc*
 // [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
 // r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
 //
-// With the swizzle an address is no longer linear in (row0, col0), and recomputing the XOR for each
-// of the 64 ldmatrix of a tile costs instructions and registers. But every block starts on a multiple
-// of 8 rows, so a lane's row % 8 (the XOR key) is fixed, and the XOR only touches the chunk index
-// inside a panel: four per-lane offsets, for chunk pairs 0-1, 2-3, 4-5 and 6-7, plus compile-time
-// constants (next panel = +panel bytes, +1 row = +128 bytes) reach every block.
-struct LaneOffsets {
-    uint32_t bytes[4];
-};
-
-__device__ __forceinline__ LaneOffsets a_layout_offsets(int lane) {
-    LaneOffsets lo;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) lo.bytes[i] = smem_offset(lane & 15, 16 * i + (lane >> 4) * 8);
-    return lo;
+// With the swizzle an address is no longer linear in (row0, col0); precomputing one address per
+// block would take dozens of registers. Instead: every block starts on a multiple of 8 rows, so a
+// lane's swizzle key (row % 8) is fixed, and for a column col0 that is a multiple of 16 the lane's
+// chunk inside its panel is ((col0 % 64) / 8) XOR (lane's own chunk in block (0, 0)), (col0 % 64) / 8
+// being even. In bytes, with every panel 1024-byte aligned:
+//     addr(row0, col0) = (base XOR 2·(col0 % 64)) + (col0 / 64)·panel + 128·row0
+// with base = the lane's address in block (0, 0) (2·(col0 % 64) only touches bits 5-6, which the
+// panel address and 128·row0 leave alone). One register per tile, one LOP3 per distinct col0 % 64,
+// the rest an immediate of the ldmatrix.
+__device__ __forceinline__ uint32_t a_lane_base(uint32_t tile, int lane) {
+    return tile + smem_offset(lane & 15, (lane >> 4) * 8);
 }
 
-__device__ __forceinline__ LaneOffsets b_layout_offsets(int lane) {
-    LaneOffsets lo;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lo.bytes[i] = smem_offset((lane & 7) + ((lane >> 4) << 3), 16 * i + ((lane >> 3) & 1) * 8);
-    }
-    return lo;
+__device__ __forceinline__ uint32_t b_lane_base(uint32_t tile, int lane) {
+    return tile + smem_offset((lane & 7) + ((lane >> 4) << 3), ((lane >> 3) & 1) * 8);
 }
 
-// Address of the block at (row0, col0) of the tile at shared address `tile` whose 64-column panels are
-// `panel` bytes apart; row0 must be a multiple of 8 and col0 of 16 (compile-time constants in every
-// call, so this folds to one add).
-__device__ __forceinline__ uint32_t block_addr(uint32_t tile, uint32_t panel, const LaneOffsets& lo, int row0,
-                                               int col0) {
-    return tile + lo.bytes[(col0 / 16) % 4] + (col0 / 64) * panel + row0 * ROW_BYTES;
+// Address of the lane's row of the 16x16 block at (row0, col0) of a tile whose 64-column panels are
+// `panel` bytes apart; row0 a multiple of 8, col0 of 16 (compile-time constants in every call).
+__device__ __forceinline__ uint32_t block_addr(uint32_t base, uint32_t panel, int row0, int col0) {
+    return (base ^ (2 * (col0 % 64))) + (col0 / 64) * panel + row0 * ROW_BYTES;
 }
 
 // The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
@@ -203,7 +205,7 @@ __device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&
     a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
 }
 
-// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
+// Max over the 4 threads of a quad (they hold the BLOCK_N columns of one row between them).
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -218,7 +220,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+// 2 CTAs per SM: caps registers at 65536 / (2 x NUM_THREADS) (255 for 128 threads).
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
 attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
          const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
          int num_m_blocks, float scale) {
@@ -230,12 +233,13 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];   // K tile of the stage has landed
     __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];   // V tile of the stage has landed
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.x / num_m_blocks;
     const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
 
     const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    const int kv_limit = seqlen_k - 2 * t;  // the mask below, with this lane's column offset folded in
 
     // Thread 0 copies K/V tile nb into ring slot nb % NUM_STAGES; K and V complete on separate
     // barriers so S = Q·Kᵀ can start before V has landed.
@@ -270,38 +274,37 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     }
     __syncwarp();
 
-    // Q: shared -> registers, once (16 rows x 128 dims per warp = 8 A fragments).
+    // Q stays in shared memory; the warps read their A fragments from there at every k-step.
     hop::mbar_wait(&bar_q, 0);
-    const LaneOffsets a_offs = a_layout_offsets(lane), b_offs = b_layout_offsets(lane);
-    uint32_t q_frag[D_STEPS][4];
-#pragma unroll
-    for (int d = 0; d < D_STEPS; ++d) {
-        ldmatrix_x4(q_frag[d], block_addr(smem_addr(s_q), Q_PANEL, a_offs, warp * WARP_ROWS, d * 16));
-    }
+    const uint32_t q_base = a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * ROW_BYTES, lane);  // warp's 32 rows
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
-    // bits, exact) and the max of the raw scores below is the max of the scaled ones. A zero scale
-    // (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
-    // masked keys and for the first tile's max instead of turning into NaN.
-    if (scale < 0.f) {
-#pragma unroll
-        for (int d = 0; d < D_STEPS; ++d) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) q_frag[d][i] ^= 0x80008000u;
-        }
-    }
+    // bits of the shared tile, exact; the first tile's __syncthreads orders it before any ldmatrix) and
+    // the max of the raw scores below is the max of the scaled ones. A zero scale (uniform P) becomes
+    // the smallest normal float: the same P, but −inf · scale stays −inf for masked keys and for the
+    // first tile's max instead of turning into NaN.
+    if (scale < 0.f) negate_tile(s_q, 2 * Q_PANEL, tid);
     scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
 
-    // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
-    float o_acc[O_TILES][4];
+    // This thread's rows are g and g + 8 of each of the warp's two m16 tiles: [mt][0] and [mt][1] below
+    // (warp rows 16·mt + g and 16·mt + g + 8).
+    float o_acc[M_TILES][O_TILES][4];
 #pragma unroll
-    for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
-    float row_max[2] = {NEG_INF, NEG_INF};  // raw scores (scale not applied)
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
+    }
+    // row_max: raw scores (scale not applied); row_sum: this thread's partials, quad-summed at the end.
+    float row_max[M_TILES][2], row_sum[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
-    float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
 
     uint32_t phase = 0;  // parity of the barrier phase that holds tile nb in its slot
-    for (int nb = 0; nb < num_n_blocks; ++nb) {
+    for (int nb = 0; nb * BLOCK_N < seqlen_k; ++nb) {  // (not nb < num_n_blocks: one register less)
         const int n_start = nb * BLOCK_N;
         const int slot = nb % NUM_STAGES;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
@@ -309,84 +312,111 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         // CHECK: generic-proxy reads then async-proxy (TMA) writes, ordered only by this barrier; if a
         // race ever shows, add hop::fence_proxy_async() just before it.
         __syncthreads();
-        if (tid == 0 && nb + NUM_STAGES - 1 < num_n_blocks) load_kv(nb + NUM_STAGES - 1);
+        if (tid == 0 && (nb + NUM_STAGES - 1) * BLOCK_N < seqlen_k) load_kv(nb + NUM_STAGES - 1);
         __syncwarp();
-        const uint32_t s_kt = smem_addr(s_k + slot * KV_TILE_BYTES);
-        const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
+        const uint32_t k_base = b_lane_base(smem_addr(s_k + slot * KV_TILE_BYTES), lane);
+        const uint32_t v_base = a_lane_base(smem_addr(s_v + slot * KV_TILE_BYTES), lane);
 
-        // ---- S = Q·Kᵀ (16 x BLOCK_N per warp), fp32 in registers ----
-        float s[S_TILES][4];
+        // ---- S = Q·Kᵀ (32 x BLOCK_N per warp), fp32 in registers ----
+        // Per k-step: the warp's two Q A fragments, then each K fragment feeds both m16 tiles.
+        float s[M_TILES][S_TILES][4];
 #pragma unroll
-        for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+        }
         hop::mbar_wait(&bar_k[slot], phase);
 #pragma unroll
         for (int d = 0; d < D_STEPS; ++d) {
+            uint32_t q_frag[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(q_frag[mt], block_addr(q_base, Q_PANEL, mt * 16, d * 16));
 #pragma unroll
             for (int j = 0; j < S_TILES; j += 2) {
                 uint32_t kb[4];
-                ldmatrix_x4(kb, block_addr(s_kt, KV_PANEL, b_offs, j * 8, d * 16));
-                mma_m16n8k16(s[j], q_frag[d], kb[0], kb[1]);
-                mma_m16n8k16(s[j + 1], q_frag[d], kb[2], kb[3]);
+                ldmatrix_x4(kb, block_addr(k_base, KV_PANEL, j * 8, d * 16));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_m16n8k16(s[mt][j], q_frag[mt], kb[0], kb[1]);
+                    mma_m16n8k16(s[mt][j + 1], q_frag[mt], kb[2], kb[3]);
+                }
             }
         }
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit - n_start.
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
-            for (int j = 0; j < S_TILES; ++j) {
+            for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (n_start + j * 8 + 2 * t + (e & 1) >= seqlen_k) s[j][e] = NEG_INF;
+                for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (j * 8 + (e & 1) >= kv_limit - n_start) s[mt][j][e] = NEG_INF;
+                    }
                 }
             }
         }
 
         // ---- online softmax: new running max, rescale factor, P = 2^(S·c − m·c), c = scale·log2 e ----
-        float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int j = 0; j < S_TILES; ++j) {
-            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
-            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
-        }
-        float alpha[2], m_scaled[2];
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
-            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
-            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
-            m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
-            alpha[r] = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
-            row_max[r] = m_new;
-            row_sum[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int j = 0; j < S_TILES; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
-                row_sum[e >> 1] += s[j][e];
+            for (int j = 0; j < S_TILES; ++j) {
+                tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+                tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][j][2], s[mt][j][3]));
             }
-        }
+            float alpha[2], m_scaled[2];
 #pragma unroll
-        for (int j = 0; j < O_TILES; ++j) {
-            o_acc[j][0] *= alpha[0];
-            o_acc[j][1] *= alpha[0];
-            o_acc[j][2] *= alpha[1];
-            o_acc[j][3] *= alpha[1];
+            for (int r = 0; r < 2; ++r) {
+                const float m_new = fmaxf(row_max[mt][r], quad_max(tile_max[r]));
+                // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
+                // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
+                m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
+                alpha[r] = fast_exp2(fmaf(row_max[mt][r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
+                row_max[mt][r] = m_new;
+                row_sum[mt][r] *= alpha[r];
+            }
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
+                    row_sum[mt][e >> 1] += s[mt][j][e];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                o_acc[mt][j][0] *= alpha[0];
+                o_acc[mt][j][1] *= alpha[0];
+                o_acc[mt][j][2] *= alpha[1];
+                o_acc[mt][j][3] *= alpha[1];
+            }
         }
 
         // ---- O += P·V: P re-packed in registers as A fragments, V via ldmatrix.trans ----
+        // All of P is packed first (32 registers of bf16x2 instead of 64 fp32), then the loop runs over
+        // output columns outside and keys inside, so only one V column block's address is live; each V
+        // fragment feeds both m16 tiles.
+        uint32_t p_frag[M_TILES][KV_STEPS][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+            for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
+        }
         hop::mbar_wait(&bar_v[slot], phase);
 #pragma unroll
-        for (int kv = 0; kv < KV_STEPS; ++kv) {
-            uint32_t p_frag[4];
-            pack_p_fragment(p_frag, s[2 * kv], s[2 * kv + 1]);
+        for (int j = 0; j < O_TILES; j += 2) {
 #pragma unroll
-            for (int j = 0; j < O_TILES; j += 2) {
+            for (int kv = 0; kv < KV_STEPS; ++kv) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, block_addr(s_vt, KV_PANEL, a_offs, kv * 16, j * 8));
-                mma_m16n8k16(o_acc[j], p_frag, vb[0], vb[1]);
-                mma_m16n8k16(o_acc[j + 1], p_frag, vb[2], vb[3]);
+                ldmatrix_x4_trans(vb, block_addr(v_base, KV_PANEL, kv * 16, j * 8));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_m16n8k16(o_acc[mt][j], p_frag[mt][kv], vb[0], vb[1]);
+                    mma_m16n8k16(o_acc[mt][j + 1], p_frag[mt][kv], vb[2], vb[3]);
+                }
             }
         }
         if (slot == NUM_STAGES - 1) phase ^= 1;  // the next use of each slot is its next phase
@@ -394,16 +424,19 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float l = quad_sum(row_sum[r]);
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
-        const int row = m_start + warp * WARP_ROWS + g + 8 * r;
-        if (row < seqlen_q) {
-            bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+    for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-            for (int j = 0; j < O_TILES; ++j) {
-                *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                    pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+        for (int r = 0; r < 2; ++r) {
+            const float l = quad_sum(row_sum[mt][r]);
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const int row = m_start + warp * WARP_ROWS + mt * 16 + g + 8 * r;
+            if (row < seqlen_q) {
+                bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#pragma unroll
+                for (int j = 0; j < O_TILES; ++j) {
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                        pack_bf16x2(o_acc[mt][j][2 * r] * inv_l, o_acc[mt][j][2 * r + 1] * inv_l);
+                }
             }
         }
     }

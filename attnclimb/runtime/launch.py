@@ -45,12 +45,21 @@ class LoadedRung:
         if rung.smem_bytes > 48 * 1024:
             from cuda.bindings import driver
 
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            attrs = driver.CUfunction_attribute
             for k in self.kernels.values():
-                _check(driver.cuKernelSetAttribute(attr, rung.smem_bytes, k.handle, self.device.device_id
-                                                   if hasattr(self.device, "device_id") else device_index),
+                _check(driver.cuKernelSetAttribute(attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                   rung.smem_bytes, k.handle, device_index),
                        "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+                # Prefer the largest shared-memory carveout so that rungs sized for 2 CTAs/SM get them.
+                _check(driver.cuKernelSetAttribute(attrs.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                                   100, k.handle, device_index),
+                       "cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
         self._streams = {}
+
+    def ctas_per_sm(self, name: str = "attn_fwd") -> int:
+        """Resident CTAs per SM for ``name`` at this rung's block size and dynamic shared memory."""
+        occ = self.kernels[name].occupancy
+        return occ.max_active_blocks_per_multiprocessor(self.rung.threads, self.rung.smem_bytes)
 
     def stream(self, torch_stream):
         """The cuda.core wrapper of a torch stream (cached by handle)."""
