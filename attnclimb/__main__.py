@@ -48,6 +48,22 @@ def _cmd_report(args) -> int:
     return report.main(args)
 
 
+def _cmd_diff(args) -> int:
+    import difflib
+
+    from . import rungs
+
+    lower, upper = rungs.get(args.lower), rungs.get(args.upper if args.upper is not None else args.lower + 1)
+    a, b = lower.source.read_text().splitlines(True), upper.source.read_text().splitlines(True)
+    diff = list(difflib.unified_diff(a, b, str(lower.source.name), str(upper.source.name)))
+    sys.stdout.writelines(diff)
+    added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
+    removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
+    print(f"\n{lower.key} -> {upper.key} ({upper.idea}): {added} insertions(+), {removed} deletions(-)",
+          file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnclimb", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -59,10 +75,13 @@ def main(argv=None) -> int:
     b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
     from .bench import report as _report, run as _run
 
+    d = sub.add_parser("diff", help="show the one idea between two rungs (default: RUNG and the rung above)")
+    d.add_argument("lower", type=int)
+    d.add_argument("upper", type=int, nargs="?")
     _run.add_arguments(sub.add_parser("bench", help="time every rung and peer on the H200 (needs a Hopper GPU)"))
     _report.add_arguments(sub.add_parser("report", help="README results table + chart from a results JSON"))
     args = p.parse_args(argv)
-    return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report}[args.cmd](args)
+    return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd](args)
 
 
 if __name__ == "__main__":

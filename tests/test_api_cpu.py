@@ -86,3 +86,30 @@ def test_ladder_is_contiguous_and_files_exist():
         assert r.source.exists(), r.source
         assert (rungs.KERNEL_DIR.parent.parent / r.page).exists(), r.page
         assert r.abi in ("unfused", "pointer", "tma")
+
+
+def test_rung_pages_quote_the_real_diff_size():
+    """Each page's `git diff --no-index --stat` line must match the files as they are now."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    root = rungs.KERNEL_DIR.parent.parent
+    for lower, upper in zip(rungs.RUNGS, rungs.RUNGS[1:]):
+        res = subprocess.run(["git", "diff", "--no-index", "--stat", str(lower.source), str(upper.source)],
+                             capture_output=True, text=True)
+        summary = res.stdout.strip().splitlines()[-1].strip()  # "1 file changed, N insertions(+), M deletions(-)"
+        page = (root / upper.page).read_text()
+        assert summary in page, f"{upper.page} does not quote the current diff size: {summary}"
+
+
+def test_diff_command_shows_neighbours(capsys):
+    from attnclimb.__main__ import main
+
+    assert main(["diff", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("--- 03_cp_async.cu\n+++ 04_fast_softmax.cu\n")
+    assert "rung03 -> rung04" in err and "insertions(+)" in err
+    with pytest.raises(ValueError, match="unknown rung"):
+        main(["diff", "8"])  # there is no rung 9 above the top
