@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnclimb build | bench | diff``."""
+"""Command line: ``python -m attnclimb build | bench | report | diff``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ def _cmd_build(args) -> int:
             print(exc, file=sys.stderr)
             failed.append(r.key)
             continue
+        missing = set(r.kernel_names) - {res.kernel for res in c.resources}
+        if missing:
+            print(f"{r.key}: ptxas reported no resources for {sorted(missing)}", file=sys.stderr)
+            failed.append(r.key)
         for res in c.resources:
             rows.append((r.key, res.kernel, res.registers, res.static_smem + r.smem_bytes, res.stack_frame,
                          res.spill_bytes, f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else "")))
@@ -59,8 +63,8 @@ def _cmd_diff(args) -> int:
     sys.stdout.writelines(diff)
     added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
     removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
-    print(f"\n{lower.key} -> {upper.key} ({upper.idea}): {added} insertions(+), {removed} deletions(-)",
-          file=sys.stderr)
+    idea = f" ({upper.idea})" if upper.number == lower.number + 1 else ""
+    print(f"\n{lower.key} -> {upper.key}{idea}: {added} insertions(+), {removed} deletions(-)", file=sys.stderr)
     return 0
 
 
@@ -81,6 +85,14 @@ def main(argv=None) -> int:
     _run.add_arguments(sub.add_parser("bench", help="time every rung and peer on the H200 (needs a Hopper GPU)"))
     _report.add_arguments(sub.add_parser("report", help="README results table + chart from a results JSON"))
     args = p.parse_args(argv)
+    from . import rungs
+
+    numbers = (args.rung or []) if args.cmd == "build" else [args.lower, args.upper] if args.cmd == "diff" else []
+    if args.cmd == "diff" and args.upper is None:
+        numbers = [args.lower, args.lower + 1]
+    for n in numbers:
+        if n is not None and n not in rungs.BY_NUMBER:
+            p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{max(rungs.BY_NUMBER)}")
     return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd](args)
 
 

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from . import rungs as _rungs
 
 SUPPORTED_HEAD_DIMS = (_rungs.HEAD_DIM,)
 _INT32_MAX = 2**31 - 1
+# The kernels multiply the scale by log2(e) in fp32: it must stay finite there.
+_MAX_ABS_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 
 
 def hopper_available(device=None) -> tuple:
@@ -20,13 +23,18 @@ def hopper_available(device=None) -> tuple:
         import torch
     except ImportError:  # pragma: no cover - torch is a hard dependency
         return False, "torch is not installed"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU is visible (torch.cuda.is_available() is False)"
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    cap = torch.cuda.get_device_capability(dev)
-    if cap != (9, 0):
-        name = torch.cuda.get_device_name(dev)
-        return False, f"{name} has compute capability {cap[0]}.{cap[1]}; attnclimb needs Hopper (9.0: H100/H200)"
+    try:
+        if not torch.cuda.is_available():
+            return False, "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type != "cuda":
+            return False, f"{dev} is not a CUDA device"
+        cap = torch.cuda.get_device_capability(dev)
+        if cap != (9, 0):
+            name = torch.cuda.get_device_name(dev)
+            return False, f"{name} has compute capability {cap[0]}.{cap[1]}; attnclimb needs Hopper (9.0: H100/H200)"
+    except Exception as exc:  # an invalid device index, a broken driver, ...
+        return False, f"cannot query CUDA device {device!r}: {exc}"
     return True, ""
 
 
@@ -36,6 +44,9 @@ def _validate(q, k, v, scale, rung):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided or t.is_nested:
+            raise ValueError(f"{name} has layout {'nested' if t.is_nested else t.layout}; attnclimb supports dense "
+                             "(torch.strided) tensors only")
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} has dtype {t.dtype}; attnclimb supports torch.bfloat16 only")
         if t.dim() != 4:
@@ -62,10 +73,19 @@ def _validate(q, k, v, scale, rung):
                 f"{_INT32_MAX} elements per tensor — split the batch"
             )
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+        try:
+            f = float(scale)
+        except OverflowError:
+            f = math.inf
+        if not (math.isfinite(f) and abs(f) <= _MAX_ABS_SCALE):
+            raise ValueError(f"scale must be finite and at most {_MAX_ABS_SCALE:.3g} in magnitude (fp32), got {scale}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(
+            "attnclimb computes the forward pass only and would silently drop gradients, but an input requires "
+            "grad; call it under torch.no_grad() or pass .detach()ed tensors"
+        )
     rung_obj = _rungs.get(rung)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
@@ -107,9 +127,11 @@ def attention(q, k, v, *, scale=None, rung=None):
 
     Raises:
         TypeError: an input is not a tensor or not bf16; ``scale``/``rung`` of the wrong type.
-        ValueError: wrong rank, head_dim, device or GPU (not Hopper); mismatched batch/heads/seqlen_k;
+        ValueError: a sparse or nested tensor; an input that requires grad while autograd is on (this is a
+            forward-only kernel); wrong rank, head_dim, device or GPU (not Hopper); mismatched batch/heads/seqlen_k;
             an empty dimension; a tensor of 2^31 elements or more (32-bit index math); an unknown rung;
-            rung 0 when its fp32 ``S`` would not fit in free GPU memory.
+            rung 0 when its fp32 ``S`` would not fit in free GPU memory; a non-finite ``scale`` or one whose
+            magnitude overflows fp32 once multiplied by log2(e).
 
     The ideas come from FlashAttention (Dao et al. 2022, Sec. 3.1: tiling + online softmax),
     FlashAttention-2 (Sec. 3) and FlashAttention-3 (Sec. 3); each rung's page in ``docs/rungs/`` cites its own.

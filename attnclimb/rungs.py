@@ -7,6 +7,7 @@ files hold device code only. See ``docs/kernel-abi.md`` for the contract between
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,8 +154,12 @@ def get(rung: int | None) -> Rung:
     """Return rung ``rung`` (the top rung when ``None``); ``ValueError`` for an unknown number."""
     if rung is None:
         return TOP
-    if isinstance(rung, bool) or not isinstance(rung, int):
-        raise TypeError(f"rung must be an int or None, got {type(rung).__name__}")
+    if isinstance(rung, bool):
+        raise TypeError("rung must be an int or None, got bool")
+    try:
+        rung = operator.index(rung)  # int, numpy integers
+    except TypeError:
+        raise TypeError(f"rung must be an int or None, got {type(rung).__name__}") from None
     if rung not in BY_NUMBER:
         raise ValueError(f"unknown rung {rung}; available: {sorted(BY_NUMBER)}")
     return BY_NUMBER[rung]

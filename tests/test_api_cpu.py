@@ -59,7 +59,9 @@ def test_cpu_tensors_refused():
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
-@pytest.mark.parametrize("scale,exc", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError)])
+@pytest.mark.parametrize("scale,exc", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError),
+                                       (10**400, ValueError), (1e39, ValueError), (-float("inf"), ValueError),
+                                       (1 + 2j, TypeError)])
 def test_bad_scale(scale, exc):
     with pytest.raises(exc):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=scale)
@@ -69,6 +71,40 @@ def test_bad_scale(scale, exc):
 def test_bad_rung(rung, exc):
     with pytest.raises(exc):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), rung=rung)
+
+
+def test_numpy_scalars_pass_scale_and_rung_checks():
+    import numpy as np
+
+    # accepted types get as far as the device check (CPU tensors), not a TypeError
+    with pytest.raises(ValueError, match="CUDA"):
+        attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=np.float32(0.1),
+                            rung=np.int64(2))
+
+
+def test_sparse_and_nested_refused():
+    dense = _t(1, 1, 4, 128)
+    with pytest.raises(ValueError, match="layout"):
+        attnclimb.attention(dense.to_sparse(), dense, dense)
+    nested = torch.nested.nested_tensor([torch.zeros(1, 4, 128, dtype=torch.bfloat16)] * 2)
+    with pytest.raises(ValueError, match="nested"):
+        attnclimb.attention(nested, nested, nested)
+
+
+def test_requires_grad_refused_unless_no_grad():
+    q = _t(1, 1, 4, 128).requires_grad_()
+    with pytest.raises(ValueError, match="forward pass only"):
+        attnclimb.attention(q, _t(1, 1, 4, 128), _t(1, 1, 4, 128))
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        attnclimb.attention(q, _t(1, 1, 4, 128), _t(1, 1, 4, 128))
+
+
+def test_build_rejects_unknown_rung(capsys):
+    from attnclimb.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--rung", "99"])
+    assert exc.value.code == 2 and "unknown rung 99" in capsys.readouterr().err
 
 
 def test_hopper_available_says_why_without_gpu():
@@ -111,5 +147,6 @@ def test_diff_command_shows_neighbours(capsys):
     out, err = capsys.readouterr()
     assert out.startswith("--- 03_cp_async.cu\n+++ 04_fast_softmax.cu\n")
     assert "rung03 -> rung04" in err and "insertions(+)" in err
-    with pytest.raises(ValueError, match="unknown rung"):
-        main(["diff", "8"])  # there is no rung 9 above the top
+    with pytest.raises(SystemExit) as exc:
+        main(["diff", "8"])  # there is no rung 9 above the top: an argparse error, exit 2
+    assert exc.value.code == 2 and "unknown rung 9" in capsys.readouterr().err

@@ -433,3 +433,12 @@ def test_rung_page_measured_block(tmp_path):
     assert "| before: rung 3 | — |" in text
     block = report.rung_page_block(doc, 2)
     assert "| **this rung 2** | 300 (0.50×) | error | skipped |" in block
+
+
+@pytest.mark.parametrize("doc", [{"rows": []}, {"rows": [1]}, {"rows": [{"impl": "x", "shape": "s"}]},
+                                 {"rows": [{"impl": "x", "shape": "s", "status": "ok", "ms": 1, "tflops": "fast"}]}])
+def test_report_refuses_malformed_results(tmp_path, doc):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError):
+        report.load_results(path)

@@ -93,3 +93,20 @@ ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes 
 """
     (res,) = parse_ptxas_log(log)
     assert (res.kernel, res.registers, res.static_smem, res.stack_frame, res.spill_bytes) == ("attn_fwd", 168, 1024, 8, 8)
+
+
+def test_damaged_or_unwritable_cache_is_survived(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path))
+    r = rungs.get(1)
+    good = compile_rung(r)
+    good.path.with_suffix(".json").write_text("[1, 2]")  # valid JSON, wrong shape
+    again = compile_rung(r)
+    assert not again.cached and again.cubin == good.cubin
+    good.path.write_bytes(b"")  # an empty cubin is never served
+    assert not compile_rung(r).cached
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(blocker))
+    with pytest.warns(UserWarning, match="cannot write the kernel cache"):
+        c = compile_rung(r)
+    assert c.cubin == good.cubin

@@ -24,8 +24,16 @@ DEFAULT_README = _REPO_ROOT / "README.md"
 def load_results(path) -> dict:
     """Read a results JSON written by ``bench``. ``FileNotFoundError`` / ``ValueError`` (bad JSON or no rows)."""
     doc = json.loads(Path(path).read_text())
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise ValueError(f"{path}: not an attnclimb results file (no 'rows' list)")
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc["rows"]:
+        raise ValueError(f"{path}: not an attnclimb results file (no non-empty 'rows' list)")
+    for i, r in enumerate(doc["rows"]):
+        ok = isinstance(r, dict) and all(isinstance(r.get(f), str) for f in ("impl", "shape", "status"))
+        if ok and r["status"] == "ok":
+            ok = all(isinstance(r.get(f), (int, float)) for f in ("ms", "tflops"))
+        if not ok:
+            raise ValueError(f"{path}: row {i} is malformed: {r!r:.200}")
+    if not isinstance(doc.get("shapes", []), list):
+        raise ValueError(f"{path}: 'shapes' must be a list")
     return doc
 
 

@@ -17,6 +17,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,9 +162,11 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
         try:
             meta = json.loads(meta_path.read_text())
             cubin = cubin_path.read_bytes()
-            return CompiledRung(rung, arch, cubin, meta["log"], parse_ptxas_log(meta["log"]),
-                                meta["compile_seconds"], True, cubin_path)
-        except (OSError, ValueError, KeyError):
+            log, seconds = meta["log"], float(meta["compile_seconds"])
+            resources = parse_ptxas_log(log) if isinstance(log, str) else ()
+            if cubin and resources:
+                return CompiledRung(rung, arch, cubin, log, resources, seconds, True, cubin_path)
+        except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged entry is rebuilt below
 
     from cuda.core import Program, ProgramOptions
@@ -188,6 +191,9 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
     seconds = time.perf_counter() - t0
     cubin = bytes(obj.code)
     text = log.getvalue()
-    _atomic_write(cubin_path, cubin)
-    _atomic_write(meta_path, json.dumps({"log": text, "compile_seconds": seconds, "options": opts}).encode())
+    try:
+        _atomic_write(cubin_path, cubin)
+        _atomic_write(meta_path, json.dumps({"log": text, "compile_seconds": seconds, "options": opts}).encode())
+    except OSError as exc:  # an unwritable cache costs a recompile next time, never the result
+        warnings.warn(f"attnclimb: cannot write the kernel cache in {cubin_path.parent}: {exc}", stacklevel=2)
     return CompiledRung(rung, arch, cubin, text, parse_ptxas_log(text), seconds, False, cubin_path)
