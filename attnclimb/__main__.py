@@ -28,6 +28,9 @@ def _cmd_build(args) -> int:
                          res.spill_bytes, f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else "")))
         if args.verbose:
             print(c.log)
+    from .runtime.compiler import nvrtc_version
+
+    print(f"NVRTC {'.'.join(map(str, nvrtc_version()))}, target {args.arch}")
     hdr = ("rung", "kernel", "regs/thread", "smem B/CTA", "stack B", "spill B", "compile s")
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
     for row in (hdr, *rows):
@@ -52,14 +55,29 @@ def _cmd_report(args) -> int:
     return report.main(args)
 
 
-def _cmd_diff(args) -> int:
+def _unified_diff(a, b) -> list:
+    """Unified diff lines of two files: git's (Myers) when git is installed, so the counts match the
+    ``git diff --no-index --stat`` lines the rung pages quote; Python's difflib otherwise."""
     import difflib
+    import shutil
+    import subprocess
 
+    if shutil.which("git"):
+        res = subprocess.run(["git", "diff", "--no-index", "--no-color", "--diff-algorithm=myers", str(a), str(b)],
+                             capture_output=True, text=True)
+        if res.returncode in (0, 1):
+            lines = res.stdout.splitlines(True)
+            start = next((i for i, line in enumerate(lines) if line.startswith("--- ")), len(lines))
+            return lines[start:]
+    return list(difflib.unified_diff(a.read_text().splitlines(True), b.read_text().splitlines(True),
+                                     f"a/{a.name}", f"b/{b.name}"))
+
+
+def _cmd_diff(args) -> int:
     from . import rungs
 
     lower, upper = rungs.get(args.lower), rungs.get(args.upper if args.upper is not None else args.lower + 1)
-    a, b = lower.source.read_text().splitlines(True), upper.source.read_text().splitlines(True)
-    diff = list(difflib.unified_diff(a, b, str(lower.source.name), str(upper.source.name)))
+    diff = _unified_diff(lower.source, upper.source)
     sys.stdout.writelines(diff)
     added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
     removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))

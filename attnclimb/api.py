@@ -98,6 +98,7 @@ def _validate(q, k, v, scale, rung):
     if rung_obj.abi == "unfused":
         need = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
         free, _ = torch.cuda.mem_get_info(q.device)
+        free += torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
         if need > free:
             raise ValueError(
                 f"rung 0 (unfused) would materialise S = QK^T in fp32: {need / 2**30:.2f} GiB for "
@@ -121,6 +122,10 @@ def attention(q, k, v, *, scale=None, rung=None):
     Any ``seqlen_q >= 1`` and ``seqlen_k >= 1`` are supported, equal or not; ``head_dim`` must be 128.
     Non-contiguous inputs are copied to contiguous memory first. The kernel runs on the current
     torch CUDA stream; the call is asynchronous like any torch op.
+
+    The first call of a rung compiles it (NVRTC, about a second, then cached on disk): it may raise
+    :class:`attnclimb.runtime.CompileError` if the installed NVRTC rejects a kernel. There is no
+    backward pass (see ``ValueError`` below).
 
     Returns:
         ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device.

@@ -34,7 +34,7 @@ class Rung:
         extra_defines: further ``-D`` macros (e.g. ``NUM_STAGES``).
         q_box_rows / kv_box_rows: TMA box heights for the tensor-map ABI (0 when unused).
         sass_required: SASS mnemonics the rung claims (CI fails when one is missing).
-        max_bench_seqlen: the default bench skips shapes with a longer seqlen_k for slow rungs.
+        max_bench_seqlen: the default bench skips shapes whose seqlen_q or seqlen_k is longer (slow rungs).
     """
 
     number: int
@@ -70,6 +70,7 @@ class Rung:
         return ("attn_fwd",)
 
     def defines(self) -> dict:
+        """The ``-D`` macros this rung is compiled with (name -> int), see ``docs/kernel-abi.md``."""
         d = {
             "HEAD_DIM": HEAD_DIM,
             "BLOCK_M": self.block_m,
@@ -83,6 +84,7 @@ class Rung:
         return d
 
     def num_m_blocks(self, seqlen_q: int) -> int:
+        """CTAs per (batch, head): ``ceil(seqlen_q / BLOCK_M)``."""
         return -(-seqlen_q // self.block_m)
 
 
@@ -126,16 +128,16 @@ RUNGS: tuple[Rung, ...] = (
     Rung(5, "tma", "TMA tile loads (cp.async.bulk.tensor, 128-B swizzle) completing on mbarriers; mma.sync compute",
          "tma", block_m=128, block_n=64, threads=128, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
-         sass_required=("HMMA", "LDSM", "UTMALDG")),
+         sass_required=("HMMA", "LDSM", "UTMALDG", "SYNCS")),
     Rung(6, "wgmma", "wgmma.mma_async: S = QK^T from smem descriptors (SS), O += PV with P in registers (RS)",
          "tma", block_m=128, block_n=64, threads=256, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
-         sass_required=("HGMMA", "UTMALDG")),
+         sass_required=("HGMMA", "UTMALDG", "SYNCS")),
     # 384 threads: warpgroup 0 = TMA producer (setmaxnreg 24), warpgroups 1-2 = consumers (240), 64 rows each.
     Rung(7, "warp_specialized", "producer warpgroup (TMA) + 2 consumer warpgroups, full/empty mbarriers, setmaxnreg",
          "tma", block_m=128, block_n=64, threads=384, smem_bytes=tma_smem_bytes(128, 64, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=64,
-         sass_required=("HGMMA", "UTMALDG")),
+         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG")),
     # Sweepable: BLOCK_N in {64, 128, 176, 192} (kv_box_rows = BLOCK_N or a divisor that is a multiple
     # of 8, <= 256) and NUM_STAGES in {2, 3}; smem = tma_smem_bytes(128, BLOCK_N, NUM_STAGES) must stay
     # <= 227 KB (232448 B) minus ~100 B of static mbarriers: 128 x 3 stages = 230400 fits, 176/192 only
@@ -143,7 +145,7 @@ RUNGS: tuple[Rung, ...] = (
     Rung(8, "kv_pipeline", "NUM_STAGES-deep K/V ring, K and V released separately, BLOCK_N 128",
          "tma", block_m=128, block_n=128, threads=384, smem_bytes=tma_smem_bytes(128, 128, 2),
          extra_defines={"NUM_STAGES": 2}, q_box_rows=128, kv_box_rows=128,
-         sass_required=("HGMMA", "UTMALDG")),
+         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG")),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}
@@ -151,7 +153,9 @@ TOP = RUNGS[-1]
 
 
 def get(rung: int | None) -> Rung:
-    """Return rung ``rung`` (the top rung when ``None``); ``ValueError`` for an unknown number."""
+    """Return rung ``rung`` (the top rung when ``None``).
+
+    Raises ``TypeError`` for a non-integer (bool included) and ``ValueError`` for an unknown number."""
     if rung is None:
         return TOP
     if isinstance(rung, bool):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build every rung, run the GPU tests, sanitizers and/or the bench, logs under $OUT.
-# Usage (on the device machine, repo root): bash scripts/device_job.sh [info] [build] [test] [sanitize RUNGS] [bench ARGS]
+# Usage (on the device machine, repo root):
+#   bash scripts/device_job.sh [info] [build] [test FILTER|all] [sanitize "RUNGS"] [bench "ARGS"]
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -10,14 +11,14 @@ while [ $# -gt 0 ]; do
     info) nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv
           python3 -c "import torch,cuda.core,triton;print('torch',torch.__version__,'cudnn',torch.backends.cudnn.version(),'cuda.core',cuda.core.__version__,'triton',triton.__version__)";;
     build) python3 -m attnclimb build 2>&1 | tee "$OUT/build.txt";;
-    test) shift; k=(); [ "$1" != all ] && k=(-k "$1")   # test FILTER ('all' = every GPU test)
+    test) shift; k=(); [ "${1:-all}" != all ] && k=(-k "$1")   # test FILTER ('all' = every GPU test)
           ATTNCLIMB_ERRLOG=$OUT/errors.json python3 -m pytest tests -m gpu -q --maxfail=40 --timeout=300 \
             -p no:cacheprovider "${k[@]}" -rf 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "^tests/.*PASSED" | tail -45;;
     sanitize) shift; for tool in memcheck racecheck synccheck; do
-            echo "== $tool"; compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 python3 scripts/sanitize_small.py $1 2>&1 | tail -6
+            echo "== $tool"; compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 python3 scripts/sanitize_small.py ${1:-} 2>&1 | tail -6
           done 2>&1 | tee "$OUT/sanitize.txt";;
     bench) shift   # bench "ARGS" (one quoted word, may be empty)
-           python3 -m attnclimb bench $1 2>&1 | tee "$OUT/bench.txt" | tail -60
+           python3 -m attnclimb bench ${1:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
            cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null;;
   esac
   shift

@@ -63,13 +63,13 @@ def test_cpu_tensors_refused():
                                        (10**400, ValueError), (1e39, ValueError), (-float("inf"), ValueError),
                                        (1 + 2j, TypeError)])
 def test_bad_scale(scale, exc):
-    with pytest.raises(exc):
+    with pytest.raises(exc, match="scale"):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=scale)
 
 
 @pytest.mark.parametrize("rung,exc", [(99, ValueError), ("3", TypeError), (2.0, TypeError)])
 def test_bad_rung(rung, exc):
-    with pytest.raises(exc):
+    with pytest.raises(exc, match="rung"):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), rung=rung)
 
 
@@ -133,8 +133,9 @@ def test_rung_pages_quote_the_real_diff_size():
         pytest.skip("git not installed")
     root = rungs.KERNEL_DIR.parent.parent
     for lower, upper in zip(rungs.RUNGS, rungs.RUNGS[1:]):
-        res = subprocess.run(["git", "diff", "--no-index", "--stat", str(lower.source), str(upper.source)],
-                             capture_output=True, text=True)
+        res = subprocess.run(["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", str(lower.source),
+                              str(upper.source)], capture_output=True, text=True)
+        assert res.returncode == 1 and res.stdout.strip(), f"git diff failed: {res.stderr}"
         summary = res.stdout.strip().splitlines()[-1].strip()  # "1 file changed, N insertions(+), M deletions(-)"
         page = (root / upper.page).read_text()
         assert summary in page, f"{upper.page} does not quote the current diff size: {summary}"
@@ -145,8 +146,9 @@ def test_diff_command_shows_neighbours(capsys):
 
     assert main(["diff", "3"]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("--- 03_cp_async.cu\n+++ 04_fast_softmax.cu\n")
-    assert "rung03 -> rung04" in err and "insertions(+)" in err
+    assert out.startswith("--- ") and "03_cp_async.cu" in out.splitlines()[0]
+    assert "04_fast_softmax.cu" in out.splitlines()[1]
+    assert "rung03 -> rung04" in err and "32 insertions(+), 24 deletions(-)" in err  # as page 04 quotes
     with pytest.raises(SystemExit) as exc:
         main(["diff", "8"])  # there is no rung 9 above the top: an argparse error, exit 2
     assert exc.value.code == 2 and "unknown rung 9" in capsys.readouterr().err

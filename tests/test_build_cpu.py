@@ -110,3 +110,36 @@ def test_damaged_or_unwritable_cache_is_survived(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="cannot write the kernel cache"):
         c = compile_rung(r)
     assert c.cubin == good.cubin
+
+
+def test_edited_kernel_is_never_served_stale(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "kernels"
+    src.mkdir()
+    (src / "01_online_softmax.cu").write_text(rungs.get(1).source.read_text())
+    monkeypatch.setattr(rungs, "KERNEL_DIR", src)
+    r = rungs.get(1)
+    assert r.source.parent == src
+    first = compile_rung(r)
+    assert compile_rung(r).cached
+    (src / "01_online_softmax.cu").write_text(r.source.read_text() + "\n// one more line\n")
+    assert not compile_rung(r).cached
+
+
+def test_atomic_write_leaves_old_file_when_writer_dies(tmp_path, monkeypatch):
+    from attnclimb.runtime import compiler
+
+    target = tmp_path / "x.cubin"
+    compiler._atomic_write(target, b"old contents")
+
+    class Boom(Exception):
+        pass
+
+    def dying_replace(src, dst):
+        raise Boom()
+
+    monkeypatch.setattr(compiler.os, "replace", dying_replace)
+    with pytest.raises(Boom):
+        compiler._atomic_write(target, b"new")
+    assert target.read_bytes() == b"old contents"
+    assert not list(tmp_path.glob("*.tmp"))

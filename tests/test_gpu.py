@@ -114,6 +114,18 @@ def test_rung_hostile_values(key, kind):
     assert err <= TOL, f"{key} {kind}: rel L2 {err:.3e}"
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 1.0])
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_any_finite_scale(key, scale):
+    """Negative and zero scales take their own code paths in rungs 2+ (Q negated, scale clamped)."""
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    shape = (1, 2, 200, 333)
+    q, k, v = make_inputs(*shape)
+    _, err = run_checked(rung, q, k, v, scale=scale)
+    _record(rung, shape, f"scale={scale}", err)
+    assert err <= TOL, f"{key} scale {scale}: rel L2 {err:.3e}"
+
+
 @pytest.mark.parametrize("key", RUNG_IDS)
 def test_rung_many_programs(key):
     """batch*heads*m_blocks > 65535 CTAs: the grid must not be limited to gridDim.y/z."""
@@ -150,6 +162,24 @@ def test_api_accepts_non_contiguous_inputs():
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory, (B, H, S, D) view
     assert not qt.is_contiguous()
     assert rel_l2(attnclimb.attention(qt, k, v), attention_exact(q, k, v)) < TOL
+
+
+def test_api_misaligned_views_and_side_stream():
+    """Inputs at an odd storage offset (not 16-byte aligned) and a non-default current stream."""
+    q, k, v = make_inputs(1, 2, 130, 70)
+    views = []
+    for t in (q, k, v):
+        buf = torch.empty(t.numel() + 1, device="cuda", dtype=torch.bfloat16)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16 != 0
+        views.append(view)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = attnclimb.attention(*views)
+    side.synchronize()
+    assert rel_l2(out, attention_exact(q, k, v)) < TOL
 
 
 def test_api_refuses_unfused_when_s_does_not_fit():

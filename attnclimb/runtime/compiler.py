@@ -46,6 +46,10 @@ class Resources:
 
 @dataclass(frozen=True)
 class CompiledRung:
+    """A compiled rung: ``cubin`` bytes for ``arch``, the ptxas ``log`` and its parsed ``resources``
+    (one :class:`Resources` per entry point), ``compile_seconds`` (wall seconds of the original NVRTC
+    compile), ``cached`` (served from the disk cache) and ``path`` (the cubin's file in the cache)."""
+
     rung: Rung
     arch: str
     cubin: bytes
@@ -66,6 +70,7 @@ def cache_dir() -> Path:
 
 
 def nvrtc_version() -> tuple:
+    """``(major, minor)`` of the NVRTC library that ``cuda.bindings`` loads; ``RuntimeError`` on failure."""
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
@@ -101,6 +106,10 @@ def _key(rung: Rung, arch: str) -> str:
     for hdr in sorted(KERNEL_DIR.glob("*.cuh")):
         h.update(hdr.name.encode())
         h.update(hdr.read_bytes())
+    cudart = Path(_include_dirs()[1])
+    for hdr in ("cuda_bf16.h", "cuda_bf16.hpp", "math_constants.h", "cuda_runtime_api.h"):
+        if (cudart / hdr).exists():  # a new nvidia-cuda-runtime wheel changes these: never reuse old cubins
+            h.update((cudart / hdr).read_bytes())
     h.update(json.dumps(_options(rung, arch), sort_keys=True).encode())
     h.update(repr(nvrtc_version()).encode())
     return h.hexdigest()[:32]
@@ -152,6 +161,7 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
     Raises:
         FileNotFoundError: the rung's ``.cu`` file is missing.
         CompileError: NVRTC rejected the source; the message holds the compiler log with file and line.
+        RuntimeError: the CUDA runtime headers (pip ``nvidia-cuda-runtime``) or NVRTC cannot be found.
     """
     if not rung.source.exists():
         raise FileNotFoundError(f"kernel source {rung.source} does not exist")

@@ -71,6 +71,9 @@ class LoadedRung:
         return s
 
     def launch(self, name: str, grid, block, smem: int, stream, *args):
+        """Launch kernel ``name``: ``grid``/``block`` are tuples of ints, ``smem`` dynamic shared memory in
+        bytes, ``args`` the kernel's parameters (ints as ``numpy.int32``, floats as ``numpy.float32``,
+        pointers as Python ints, tensor maps as ``TensorMapDescriptor``)."""
         from cuda.core import LaunchConfig, launch
 
         launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), self.kernels[name], *args)
@@ -92,6 +95,8 @@ def tensor_map(t3d, box_rows: int):
 
     Dims innermost-first ``(128, seqlen, batch*heads)``, box ``(64, box_rows, 1)``, 128-byte swizzle,
     out-of-bounds elements read as zero (PTX ISA, "Tensor Copy" / "Tensor-map": ``cp.async.bulk.tensor``).
+    ``t3d`` must be contiguous with a 16-byte aligned base (the API guarantees both). Returns a
+    ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
     from cuda.core import TensorMapDescriptorOptions
     from cuda.core._tensor_map import TensorMapOOBFill, TensorMapSwizzle
@@ -99,7 +104,7 @@ def tensor_map(t3d, box_rows: int):
 
     view = StridedMemoryView.from_dlpack(t3d, stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
-        box_dim=(1, box_rows, HEAD_DIM // 2),
+        box_dim=(1, box_rows, HEAD_DIM // 2),  # cuda.core takes the box outermost-first: (bh, rows, cols)
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
         oob_fill=TensorMapOOBFill.NONE,
     )
@@ -110,7 +115,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
 
     ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, on one CUDA device,
-    already validated by :func:`attnclimb.api.attention`.
+    already validated by :func:`attnclimb.api.attention`. Raises ``CompileError`` on a first-use compile
+    failure and ``RuntimeError`` (or cuda.core's ``CUDAError``) when a CUDA call fails.
     """
     import torch
 
