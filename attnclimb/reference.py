@@ -60,6 +60,12 @@ def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, d
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q, k, v = (t.to(dtype) for t in (q, k, v))
+    # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
+    # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal
+    # float (the same uniform P, while −inf · scale stays −inf for masked keys).
+    if scale < 0:
+        q, scale = -q, -scale
+    scale = max(scale, torch.finfo(dtype).tiny)
     b, h, sq, d = q.shape
     sk = k.shape[2]
     n_tiles = -(-sk // block_n)
@@ -94,8 +100,14 @@ def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, d
 
 
 def rel_l2(out, ref) -> float:
-    """Relative L2 error ``‖out − ref‖ / ‖ref‖`` in float64; ``inf`` if ``out`` has any NaN or inf."""
-    out64, ref64 = out.detach().to(torch.float64).cpu(), ref.detach().to(torch.float64).cpu()
+    """Relative L2 error ``‖out − ref‖ / ‖ref‖``, in float64 on ``ref``'s device.
+
+    ``inf`` if ``out`` has any NaN or inf; for an all-zero ``ref``: 0 when ``out`` is zero too, else inf.
+    """
+    ref64 = ref.detach().to(torch.float64)
+    out64 = out.detach().to(device=ref64.device, dtype=torch.float64)
     if not torch.isfinite(out64).all():
         return math.inf
-    return float(torch.linalg.vector_norm(out64 - ref64) / torch.linalg.vector_norm(ref64))
+    num = float(torch.linalg.vector_norm(out64 - ref64))
+    den = float(torch.linalg.vector_norm(ref64))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)

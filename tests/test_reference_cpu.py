@@ -76,3 +76,11 @@ def test_tiled_matches_exact_property(sq, sk, bm, bn, base2, seed):
     q, k, v = _qkv(1, 2, sq, sk, d=8, seed=seed, scale_logits=4.0)
     out = attention_tiled(q, k, v, block_m=bm, block_n=bn, base2=base2)
     assert (out - attention_exact(q, k, v)).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("scale", [-0.7, 0.0, 1e-30])
+def test_tiled_handles_negative_and_zero_scale(scale):
+    q, k, v = _qkv(1, 2, 37, 90, seed=11, scale_logits=5.0)
+    out = attention_tiled(q, k, v, scale=scale, block_m=16, block_n=32, base2=True)
+    assert torch.isfinite(out).all()
+    assert (out - attention_exact(q, k, v, scale=scale)).abs().max().item() < 1e-12

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..reference import rel_l2  # noqa: F401  (one definition of the error metric, shared with the tests)
+
 DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H100/H200: 50 / 60 MB
 REL_L2_TOL = 1e-2
 
@@ -113,16 +115,6 @@ def median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return cuda_events_median_ms(fn, warmup_ms, rep_ms)
 
 
-def rel_l2(out, ref) -> float:
-    """Relative L2 error ``||out - ref|| / ||ref||`` computed in float32 (``inf`` for non-finite ``out``)."""
-    import torch
-    out = out.float()
-    ref = ref.float()
-    if not torch.isfinite(out).all():
-        return math.inf
-    den = torch.linalg.vector_norm(ref).item()
-    num = torch.linalg.vector_norm(out - ref).item()
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def check_heads(shape) -> list:
