@@ -1,8 +1,8 @@
-"""Sweep a rung's tile sizes / stages on the GPU: check each variant, then time it.
+"""Sweep a rung's tile sizes / stages on the GPU: check each variant, then time it next to cuDNN.
 
 Usage: python scripts/sweep.py RUNG 'JSON list of overrides' [SEQLENS]
-e.g.   python scripts/sweep.py 4 '[{"block_n":64},{"block_n":128,"smem_bytes":163840}]' 4096,16384
-An override dict sets Rung fields; key "defines" merges into extra_defines.
+e.g.   python scripts/sweep.py 8 '[{}, {"block_n":192,"kv_box_rows":192,"smem_bytes":230400}]' 4k,16k
+An override dict sets Rung fields; its key "defines" merges into extra_defines.
 """
 
 import dataclasses
@@ -11,24 +11,32 @@ import math
 import sys
 
 import torch
-import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnclimb import rungs
+from attnclimb.bench import shapes, timing
 from attnclimb.reference import attention_exact, rel_l2
 from attnclimb.runtime.launch import loaded, run_rung
 
 base = rungs.get(int(sys.argv[1]))
 variants = json.loads(sys.argv[2])
-seqlens = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "4096,16384").split(",")]
-cudnn = {}
-for s in seqlens:
-    b = 16384 // s
-    q, k, v = (torch.randn(b, 16, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-        ms = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-                                     warmup=100, rep=300, return_mode="median")
-    cudnn[s] = 4 * b * 16 * s * s * 128 / ms / 1e9
-print("cudnn", {s: round(t, 1) for s, t in cudnn.items()})
+problems = [shapes.fa_shape(s) for s in shapes.parse_seqlens(sys.argv[3] if len(sys.argv) > 3 else "4k,16k")]
+scale = 1 / math.sqrt(rungs.HEAD_DIM)
+
+
+def time_tflops(shape, call):
+    sets = timing.make_inputs(shape, timing.num_input_sets(shape.qkv_bytes(), timing.l2_cache_bytes()))
+    ms = timing.median_ms(timing.rotating(lambda qkv: call(*qkv), sets), warmup_ms=100, rep_ms=300)
+    return shapes.tflops(shape.flops, ms)
+
+
+def sdpa_cudnn(q, k, v):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+cudnn = {p.name: time_tflops(p, sdpa_cudnn) for p in problems}
+print("cudnn", {p.label: round(cudnn[p.name], 1) for p in problems})
 for ov in variants:
     ov = dict(ov)
     defs = {**base.extra_defines, **ov.pop("defines", {})}
@@ -36,20 +44,13 @@ for ov in variants:
     try:
         q, k, v = (torch.randn(1, 3, n, 128, device="cuda", dtype=torch.bfloat16) for n in (333, 1000, 1000))
         o = torch.full_like(q, float("nan"))
-        run_rung(r, q, k, v, o, 1 / math.sqrt(128))
+        run_rung(r, q, k, v, o, scale)
         err = rel_l2(o, attention_exact(q, k, v))
         res = []
-        for s in seqlens:
-            b = 16384 // s
-            sets = [tuple(torch.randn(b, 16, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(3)]
-            out = torch.empty_like(sets[0][0])
-            i = [0]
-            def step():
-                i[0] = (i[0] + 1) % 3
-                run_rung(r, *sets[i[0]], out, 0.0884)
-            ms = triton.testing.do_bench(step, warmup=100, rep=300, return_mode="median")
-            t = 4 * b * 16 * s * s * 128 / ms / 1e9
-            res.append(f"{s}: {t:6.1f} ({t / cudnn[s]:.2f}x)")
+        for p in problems:
+            out = torch.empty(p.batch, p.heads, p.seqlen_q, p.head_dim, device="cuda", dtype=torch.bfloat16)
+            t = time_tflops(p, lambda q, k, v: run_rung(r, q, k, v, out, scale))
+            res.append(f"{p.label}: {t:6.1f} ({t / cudnn[p.name]:.2f}x)")
         lr = loaded(r, 0)
         regs = [x.registers for x in lr.compiled.resources]
         print(f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),

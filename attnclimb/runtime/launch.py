@@ -67,7 +67,10 @@ class LoadedRung:
         s = self._streams.get(handle)
         if s is None:
             s = self.device.create_stream(torch_stream)
-            self._streams[handle] = s
+            with _lock:
+                if len(self._streams) >= 16:  # a stream handle may be recycled; keep the cache small
+                    self._streams.pop(next(iter(self._streams)))
+                self._streams[handle] = s
         return s
 
     def launch(self, name: str, grid, block, smem: int, stream, *args):
@@ -88,6 +91,28 @@ def loaded(rung: Rung, device_index: int) -> LoadedRung:
     """Compile (cached on disk), load and memoise ``rung`` for device ``device_index``."""
     with _lock:
         return _loaded(rung, device_index)
+
+
+_TMAP_CACHE: dict = {}
+_TMAP_CACHE_SIZE = 64
+
+
+def cached_tensor_map(t3d, box_rows: int):
+    """:func:`tensor_map`, memoised by (address, shape, box, device).
+
+    A tensor map encodes only those (plus the fixed dtype, strides and swizzle), so a hit is exactly the
+    map a fresh encode would build, even if the memory was freed and reallocated in between. Saves the
+    encode on the launch path, which matters for short sequences where a kernel runs for ~50 µs.
+    """
+    key = (t3d.data_ptr(), tuple(t3d.shape), box_rows, t3d.device.index)
+    tm = _TMAP_CACHE.get(key)
+    if tm is None:
+        tm = tensor_map(t3d, box_rows)
+        with _lock:
+            if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
+                _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
+            _TMAP_CACHE[key] = tm
+    return tm
 
 
 def tensor_map(t3d, box_rows: int):
@@ -142,9 +167,9 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
                   q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
         return
     if rung.abi == "tma":
-        tq = tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
-        tk = tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
-        tv = tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
+        tq = cached_tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
+        tk = cached_tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
+        tv = cached_tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
         lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream,
                   tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
         return
