@@ -143,3 +143,17 @@ def test_atomic_write_leaves_old_file_when_writer_dies(tmp_path, monkeypatch):
         compiler._atomic_write(target, b"new")
     assert target.read_bytes() == b"old contents"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed")
+def test_resources_from_cubin_match_ptxas_report(compiled):
+    """The cuobjdump fallback (for NVRTC builds with an empty log) agrees with ptxas' own report."""
+    from attnclimb.runtime.sass import resource_usage
+
+    for key, c in compiled.items():
+        by_name = {r.kernel: r for r in resource_usage(c.cubin)}
+        for res in c.resources:
+            alt = by_name[res.kernel]
+            assert (alt.registers, alt.static_smem, alt.stack_frame) == (res.registers, res.static_smem,
+                                                                          res.stack_frame), key
+            assert alt.spill_bytes == 0 and res.spill_bytes == 0

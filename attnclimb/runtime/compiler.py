@@ -140,6 +140,16 @@ def parse_ptxas_log(log: str) -> tuple:
     return tuple(out)
 
 
+def _resources(log: str, cubin: bytes) -> tuple:
+    """Resources from the ptxas report in ``log``; from the cubin (cuobjdump) when the log has none."""
+    found = parse_ptxas_log(log)
+    if found:
+        return found
+    from .sass import resource_usage
+
+    return resource_usage(cubin)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -173,9 +183,8 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
             meta = json.loads(meta_path.read_text())
             cubin = cubin_path.read_bytes()
             log, seconds = meta["log"], float(meta["compile_seconds"])
-            resources = parse_ptxas_log(log) if isinstance(log, str) else ()
-            if cubin and resources:
-                return CompiledRung(rung, arch, cubin, log, resources, seconds, True, cubin_path)
+            if cubin and isinstance(log, str):
+                return CompiledRung(rung, arch, cubin, log, _resources(log, cubin), seconds, True, cubin_path)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged entry is rebuilt below
 
@@ -206,4 +215,4 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
         _atomic_write(meta_path, json.dumps({"log": text, "compile_seconds": seconds, "options": opts}).encode())
     except OSError as exc:  # an unwritable cache costs a recompile next time, never the result
         warnings.warn(f"attnclimb: cannot write the kernel cache in {cubin_path.parent}: {exc}", stacklevel=2)
-    return CompiledRung(rung, arch, cubin, text, parse_ptxas_log(text), seconds, False, cubin_path)
+    return CompiledRung(rung, arch, cubin, text, _resources(text, cubin), seconds, False, cubin_path)

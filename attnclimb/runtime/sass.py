@@ -43,3 +43,36 @@ def sass(cubin: bytes) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
     return res.stdout
+
+
+
+def resource_usage(cubin: bytes) -> tuple:
+    """Per-kernel resources read from the cubin itself (``cuobjdump --dump-resource-usage``).
+
+    A fallback for NVRTC builds whose log carries no ``ptxas -v`` report (seen with the NVRTC 13.0 that
+    torch's CUDA wheels bring on the H200 machines). ``LOCAL`` (local memory per thread: spills and
+    stack) is reported as spill stores; the 1 KB that sm_90 reserves in every CTA's shared memory is
+    subtracted from ``SHARED``. Returns ``()`` when no cuobjdump is installed.
+    """
+    import re
+
+    from .compiler import Resources
+
+    if find_cuobjdump() is None:
+        return ()
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([find_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    out, name = [], None
+    for line in res.stdout.splitlines():
+        m = re.match(r"\s*Function (\w+):", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and name:
+            reg, stack, shared, local = (int(x) for x in m.groups())
+            out.append(Resources(name, reg, max(shared - 1024, 0), stack, local, 0))
+            name = None
+    return tuple(out)
