@@ -25,7 +25,9 @@ from . import shapes as shapes_mod
 from .timing import REL_L2_TOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+# In a checkout the results go beside the code (where the README's table is generated from); from an
+# installed package (no pyproject.toml above it) into ./benchmarks/results of the working directory.
+DEFAULT_OUT = (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / "benchmarks" / "results"
 SCHEMA_VERSION = 1
 ROW_FIELDS = ("impl", "label", "shape", "batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
               "ms", "tflops", "ratio_to_cudnn", "rel_l2", "status")
@@ -106,13 +108,16 @@ def write_results(doc: dict, out_dir, when: datetime | None = None) -> tuple:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     when = when or datetime.now(timezone.utc)
-    stamped = out_dir / f"{device_slug(doc.get('device', ''))}-{when.strftime('%Y%m%d-%H%M%S')}.json"
+    base = f"{device_slug(doc.get('device', ''))}-{when.strftime('%Y%m%d-%H%M%S')}"
+    stamped, n = out_dir / f"{base}.json", 1
+    while stamped.exists():  # two runs in one second keep both files
+        stamped, n = out_dir / f"{base}-{n}.json", n + 1
     text = json.dumps(doc, indent=2) + "\n"
     stamped.write_text(text)
     latest = out_dir / "latest.json"
-    if latest.is_symlink():
-        latest.unlink()
-    latest.write_text(text)
+    tmp = out_dir / f".latest.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, latest)  # atomic: a reader never sees half a latest.json (a symlink is replaced too)
     return stamped, latest
 
 

@@ -80,7 +80,8 @@ def seqlen_label(seqlen: int) -> str:
 
 
 def fa_shape(seqlen: int) -> Shape:
-    """The FA-paper shape at ``seqlen``: 16 heads, ``batch = 16384 // seqlen`` (at least 1)."""
+    """The FA-paper shape at ``seqlen``: 16 heads, ``batch = round(16384 / seqlen)`` (at least 1);
+    ``ValueError`` for ``seqlen < 1``."""
     if seqlen < 1:
         raise ValueError(f"seqlen must be >= 1, got {seqlen}")
     batch = max(1, round(FA_TOKENS / seqlen))
