@@ -76,7 +76,7 @@ def _unified_diff(a, b) -> list:
 def _cmd_diff(args) -> int:
     from . import rungs
 
-    lower, upper = rungs.get(args.lower), rungs.get(args.upper if args.upper is not None else args.lower + 1)
+    lower, upper = rungs.get(args.lower), rungs.get(args.upper)
     diff = _unified_diff(lower.source, upper.source)
     sys.stdout.writelines(diff)
     added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
@@ -105,11 +105,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from . import rungs
 
-    numbers = (args.rung or []) if args.cmd == "build" else [args.lower, args.upper] if args.cmd == "diff" else []
     if args.cmd == "diff" and args.upper is None:
-        numbers = [args.lower, args.lower + 1]
-    for n in numbers:
-        if n is not None and n not in rungs.BY_NUMBER:
+        args.upper = args.lower + 1  # the rung above: the one idea it adds
+    asked = (args.rung or []) if args.cmd == "build" else [args.lower, args.upper] if args.cmd == "diff" else []
+    for n in asked:
+        if n not in rungs.BY_NUMBER:
             p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{max(rungs.BY_NUMBER)}")
     return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd](args)
 
