@@ -6,6 +6,11 @@ accumulator by ``exp(m_old - m_new)``, and normalise once at the end (FlashAtten
 Sec. 3.1; Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"). With ``base2=True`` it
 uses the rung-4+ form: ``exp2(s * scale * log2(e) - m * scale * log2(e))`` on raw scores. In float64 it
 agrees with :func:`attention_exact` to ~1e-15, which pins the algorithm the kernels implement.
+
+With ``kernel_fp32=True`` it also mirrors the kernels' *arithmetic* (rungs 4+): fp32 scores, the FFMA fold
+``P = ex2(fma(s, c, -R))`` against the fp32 reference ``R`` of ``attnclimb/kernels/softmax.cuh``
+(:func:`online_rescale_fp32`), P rounded to bf16 for the P·V product, fp32 row sums and accumulators, so
+that a rounding model of the kernels can be tested on the CPU.
 """
 
 from __future__ import annotations
@@ -45,13 +50,89 @@ def lse_exact(q, k, scale=None):
     return torch.logsumexp(s, dim=-1)
 
 
+def _fma32(a, b, c):
+    """``fl32(a·b + c)`` of float32 tensors, as one FFMA: the product of two float32 numbers is exact in
+    float64 (24 + 24 bits), so only the final sum is rounded (twice: to float64, then float32; the
+    double rounding differs from one rounding only on rare exact ties)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
+
+
+def row_multiplier_fp32(m, c):
+    """``min(c, 2^(30 − E))`` of ``softmax.cuh`` (``E``: binary exponent of each ``m``), by its bit trick."""
+    hard = 0x8E000000 - (m.view(torch.int32).to(torch.int64) & 0x7F800000)
+    bits = torch.minimum(c.view(torch.int32).to(torch.int64).expand_as(hard), hard)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def online_rescale_fp32(m_old, err_old, m_new, c):
+    """Float32 mirror of ``smx::online_rescale`` (``attnclimb/kernels/softmax.cuh``).
+
+    ``m_old``, ``m_new``: float32 tensors of running row maxima of raw scores (``ROW_MAX_INIT`` before any
+    key); ``err_old``: the ``err`` this function returned for ``m_old`` (0 at the start); ``c``: a float32
+    scalar tensor, ``scale·log2(e) > 0``. Returns float32 ``(alpha, mul, neg_ref, err)``:
+    ``P = 2^fma(s, mul, neg_ref)``; ``alpha = 2^(R_old − R_new)`` rescales O and l (exactly 1 when
+    ``m_old == m_new``); ``mul`` is ``c``, or a power of two on rows where only ties at the max carry
+    weight; ``err = m_new·c − R`` in units of ``c``.
+    """
+    mul = row_multiplier_fp32(m_new, c)
+    ref = m_new * mul
+    err = _fma32(m_new, mul, -ref)
+    alpha = torch.exp2(_fma32(m_old - m_new, c.expand_as(m_new), err - err_old))
+    return alpha, mul, -ref, err
+
+
+def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
+    """The kernels' arithmetic (see the module docstring); float32 results."""
+    f32 = torch.float32
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))  # bf16 values: exact in float64
+    scale32 = torch.tensor(scale, dtype=f32)
+    if scale32 < 0:
+        q, scale32 = -q, -scale32
+    scale32 = torch.clamp(scale32, min=torch.finfo(f32).tiny)
+    c = scale32 * torch.tensor(LOG2E, dtype=f32)
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    out = torch.empty(b, h, sq, d, dtype=f32)
+    lse = torch.empty(b, h, sq, dtype=torch.float64)
+    for m0 in range(0, sq, block_m):
+        qt = q[:, :, m0:m0 + block_m]
+        rows = qt.shape[2]
+        m = torch.full((b, h, rows, 1), ROW_MAX_INIT, dtype=f32)
+        err = torch.zeros((b, h, rows, 1), dtype=f32)
+        l = torch.zeros((b, h, rows, 1), dtype=f32)
+        acc = torch.zeros((b, h, rows, d), dtype=f32)
+        for n0 in range(0, sk, block_n):
+            kt, vt = k[:, :, n0:n0 + block_n], v[:, :, n0:n0 + block_n]
+            s = torch.matmul(qt, kt.transpose(-1, -2)).to(f32)  # fp32 scores (exact for exact-score inputs)
+            if kt.shape[2] < block_n:  # the last tile: keys past seqlen_k are -inf
+                s = torch.cat([s, s.new_full((b, h, rows, block_n - kt.shape[2]), -math.inf)], dim=-1)
+                vt = torch.cat([vt, vt.new_zeros(b, h, block_n - vt.shape[2], d)], dim=2)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
+            p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
+            l = l * alpha + p.sum(dim=-1, keepdim=True)
+            pv = torch.matmul(p.to(torch.bfloat16).to(torch.float64), vt).to(f32)
+            acc = acc * alpha + pv
+            m = m_new
+        inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+        out[:, :, m0:m0 + rows] = acc * inv_l
+        ref = m.double() * c.double() - err.double()  # R in units of c, float64
+        lse[:, :, m0:m0 + rows] = ((ref + torch.log2(l.double())) / LOG2E).squeeze(-1)
+    return (out, lse) if return_lse else out
+
+
 def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, dtype=torch.float64,
-                    return_lse=False):
+                    return_lse=False, kernel_fp32=False):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
     Tiles past ``seqlen_k`` are padded with zeros and their scores masked to ``-inf`` exactly as the
     kernels do, so ragged tails are exercised. Returns ``O`` (``(B, H, Sq, D)`` in ``dtype``) and, with
-    ``return_lse``, the row log-sum-exp (natural log) as well.
+    ``return_lse``, the row log-sum-exp (natural log) as well. ``kernel_fp32=True`` mirrors the rung-4+
+    kernels' fp32 arithmetic instead (``base2`` and ``dtype`` are then ignored; ``O`` is float32, the
+    LSE float64): inputs should hold bf16 values.
 
     Raises ``ValueError`` for non-positive tile sizes or incompatible shapes.
     """
@@ -59,6 +140,8 @@ def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, d
     if block_m <= 0 or block_n <= 0:
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if kernel_fp32:
+        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal
@@ -111,3 +194,42 @@ def rel_l2(out, ref) -> float:
     num = float(torch.linalg.vector_norm(out64 - ref64))
     den = float(torch.linalg.vector_norm(ref64))
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def far_offset_inputs(batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=128, ties=False, generator=None,
+                      device="cpu"):
+    """bf16 Q, K, V whose scores all sit near ``±127·2^log2_offset`` yet differ by a few units of softmax.
+
+    The hostile input of issue 6, generalised to any magnitude: ``(batch, 2, seqlen, head_dim)`` tensors
+    where head 0's scores are ``+127·2^p + δ`` and head 1's ``−127·2^p + δ`` (``p = log2_offset``). Columns
+    ``0..head_dim−2`` of Q are ``2^⌈p/2⌉``, of K ``±2^⌊p/2⌋``; the last column of Q is one of ``{±1, ±2}`` per
+    row, of K a multiple of the unit ``u = 2^(p−17)`` per key (``ulp(127·2^p)``), so every score and every
+    partial sum of it is exact in fp32, in any summation order. The multiples span about ±4 in units of
+    ``scale·log2(e)·δ`` (a soft softmax) while ``u`` allows it, and collapse to ties and near-one-hot rows
+    at large ``p``. ``ties=True`` makes the last column of K zero: every score of a row equal. V is standard
+    normal. Needs ``0 <= p <= 121`` (the largest score ``127·2^121`` is finite in fp32) and ``head_dim >= 2``.
+
+    Raises ``ValueError`` outside those ranges.
+    """
+    if not 0 <= log2_offset <= 121:
+        raise ValueError(f"log2_offset must be in [0, 121], got {log2_offset}")
+    if head_dim < 2:
+        raise ValueError("head_dim must be >= 2")
+    g = generator
+    p = int(log2_offset)
+    unit = 2.0 ** (p - 17)
+    c = abs(scale) * LOG2E if scale else LOG2E
+    reach = int(min(64, max(1, round(4.0 / (unit * c)))))
+    shape_q, shape_k = (batch, 2, seqlen_q, head_dim), (batch, 2, seqlen_k, head_dim)
+    kw = dict(dtype=torch.float64, device=device)
+    q = torch.full(shape_q, 2.0 ** (p - p // 2), **kw)
+    k = torch.full(shape_k, 2.0 ** (p // 2), **kw)
+    k[:, 1] *= -1
+    choices = torch.tensor([1.0, -1.0, 2.0, -2.0], **kw)
+    q[..., -1] = choices[torch.randint(0, 4, shape_q[:3], generator=g, device=device)]
+    if ties:
+        k[..., -1] = 0.0
+    else:
+        k[..., -1] = unit * torch.randint(-reach, reach + 1, shape_k[:3], generator=g, device=device).to(torch.float64)
+    v = torch.randn(shape_k, generator=g, **kw)
+    return tuple(t.to(torch.bfloat16) for t in (q, k, v))

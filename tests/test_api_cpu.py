@@ -1,5 +1,7 @@
 """Input validation of attnclimb.attention: clear TypeError/ValueError, never a crash (no GPU needed)."""
 
+import re
+
 import pytest
 import torch
 
@@ -148,7 +150,8 @@ def test_diff_command_shows_neighbours(capsys):
     out, err = capsys.readouterr()
     assert out.startswith("--- ") and "03_cp_async.cu" in out.splitlines()[0]
     assert "04_fast_softmax.cu" in out.splitlines()[1]
-    assert "rung03 -> rung04" in err and "32 insertions(+), 24 deletions(-)" in err  # as page 04 quotes
+    quoted = re.search(r"(\d+ insertions\(\+\), \d+ deletions\(-\))", (rungs.KERNEL_DIR.parent.parent / rungs.get(4).page).read_text())
+    assert "rung03 -> rung04" in err and quoted and quoted.group(1) in err  # as page 04 quotes
     with pytest.raises(SystemExit) as exc:
         main(["diff", "8"])  # there is no rung 9 above the top: an argparse error, exit 2
     assert exc.value.code == 2 and "unknown rung 9" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import torch
 
 import attnclimb
 from attnclimb import rungs
-from attnclimb.reference import attention_exact, rel_l2
+from attnclimb.reference import LOG2E, attention_exact, far_offset_inputs, rel_l2
 from attnclimb.runtime.launch import run_rung
 
 pytestmark = pytest.mark.gpu
@@ -124,6 +124,61 @@ def test_rung_any_finite_scale(key, scale):
     _, err = run_checked(rung, q, k, v, scale=scale)
     _record(rung, shape, f"scale={scale}", err)
     assert err <= TOL, f"{key} scale {scale}: rel L2 {err:.3e}"
+
+
+def _log2_offset_for(scale, log2_mc):
+    """The largest p whose largest scores 127·2^p·scale·log2(e) stay under 2^log2_mc."""
+    return int(math.floor(log2_mc - math.log2(127 * scale * LOG2E)))
+
+
+def _sdpa_cudnn_error(q, k, v, scale, ref):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    except RuntimeError:
+        return None
+    return rel_l2(out, ref)
+
+
+# (name, log2 offset as a function of the scale, ties): issue 6's input (p = 11, |s| ~ 2.6e5); |max·c| near
+# 2^26 (the largest rounding residual e of the reference that still meets a soft row of these inputs);
+# both sides of softmax.cuh's switch to a power-of-two multiplier (|max·c| < 2^30 keeps c, >= 2^31 never
+# does); far beyond it (ties and near-one-hot rows); scores at the fp32 limit (max·c overflows fp32 for
+# scale 1); and rows of equal scores.
+OFFSET_CASES = {
+    "issue6": (lambda sc: 11, False),
+    "soft_large_residual": (lambda sc: _log2_offset_for(sc, 26), False),
+    "below_hard_bound": (lambda sc: _log2_offset_for(sc, 30), False),
+    "above_hard_bound": (lambda sc: _log2_offset_for(sc, 31) + 1, False),
+    "huge": (lambda sc: 60, False),
+    "fp32_limit": (lambda sc: 121, False),
+    "ties": (lambda sc: 40, True),
+    "ties_soft": (lambda sc: 11, True),
+}
+
+
+@pytest.mark.parametrize("scale", [1.0, None], ids=["scale1", "default_scale"])
+@pytest.mark.parametrize("seqlen_k", [4096, 16384])
+@pytest.mark.parametrize("case", list(OFFSET_CASES))
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_far_offset_logits(key, case, seqlen_k, scale):
+    """Issue 6: every logit of a row far from zero (head 0 positive, head 1 negative), exact in fp32.
+    Within the bf16 tolerance and no worse than cuDNN on the same input (when cuDNN gives a finite
+    answer), whatever the magnitude."""
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    sc = 1.0 / math.sqrt(rungs.HEAD_DIM) if scale is None else scale
+    offset, ties = OFFSET_CASES[case]
+    q, k, v = far_offset_inputs(1, 64, seqlen_k, offset(sc), sc, ties=ties, generator=_gen(), device="cuda")
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    _, err = run_checked(rung, q, k, v, scale=sc)
+    ref_cudnn = _sdpa_cudnn_error(q, k, v, sc, attention_exact(q, k, v, sc))
+    ERRORS.append({"rung": rung.key, "shape": [1, 2, 64, seqlen_k], "kind": f"offset:{case}:scale={sc:.4g}",
+                   "rel_l2": err, "cudnn_rel_l2": ref_cudnn})
+    assert err <= TOL, f"{key} {case} sk={seqlen_k} scale={sc}: rel L2 {err:.3e} (cuDNN {ref_cudnn})"
+    if ref_cudnn is not None and math.isfinite(ref_cudnn):
+        assert err <= 1.25 * ref_cudnn + 1e-3, f"{key} {case}: rel L2 {err:.3e} vs cuDNN {ref_cudnn:.3e}"
 
 
 @pytest.mark.parametrize("key", RUNG_IDS)

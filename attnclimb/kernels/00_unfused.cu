@@ -1,4 +1,4 @@
-// Rung 0 — unfused attention: S = scale * Q K^T to HBM, a row softmax in place, then O = P V.
+// Rung 0 — unfused attention: S = Q K^T to HBM, a row softmax of scale * S in place, then O = P V.
 //
 // The idea: the textbook formula, O = softmax(scale * Q K^T) V, computed as three separate kernels
 // that talk through an fp32 workspace `s` of batch*heads*seqlen_q*seqlen_k floats in global
@@ -15,7 +15,7 @@
 //       grid.x = BH * mb * nb,  block.x = NUM_THREADS,  dynamic smem = 0 (static smem only)
 //       CTA b computes the BLOCK_M x BLOCK_N tile (m_block, n_block) of head bh, where
 //       bh = b / (mb*nb), m_block = (b % (mb*nb)) / nb, n_block = b % nb.
-//   row_softmax(s, seqlen_k)
+//   row_softmax(s, seqlen_k, scale)
 //       grid.x = BH * seqlen_q,  block.x = NUM_THREADS,  dynamic smem = 0
 //       CTA b turns row b of the workspace (BH*seqlen_q rows of seqlen_k floats) into probabilities.
 //   pv_product (p, v, o, seqlen_q, seqlen_k)        (p is the same workspace, now holding P)
@@ -167,7 +167,7 @@ qk_scores(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__
 #pragma unroll
         for (int j = 0; j < COLS_PER_THREAD; ++j) {
             const int col = n0 + tx + GRID_DIM * j;
-            if (col < seqlen_k) s_row[col] = scale * acc[i][j];
+            if (col < seqlen_k) s_row[col] = scale < 0.f ? -acc[i][j] : acc[i][j];
         }
     }
 }
@@ -196,9 +196,15 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch) {
 }
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
-row_softmax(float* __restrict__ s, int seqlen_k) {
+row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
     __shared__ float scratch[NUM_THREADS / 32];
     float* row = s + (size_t)blockIdx.x * (size_t)seqlen_k;
+
+    // S holds raw scores (negated for a negative scale, so that their max is the max of the scaled ones)
+    // and the scale multiplies s − max, after the subtraction: scaling first would round scale·s to
+    // fp32 and, for large |scale·s|, move every probability by that rounding (issue 6). A zero scale
+    // becomes the smallest normal float: the same uniform P, without 0 · (−inf) = NaN.
+    const float abs_scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
 
     // Pass 1: the row maximum, subtracted before exponentiating so that expf never overflows.
     float m = neg_inf();
@@ -210,12 +216,12 @@ row_softmax(float* __restrict__ s, int seqlen_k) {
 
     // Pass 2: the normaliser. The maximum element contributes expf(0) = 1, so sum >= 1.
     float sum = 0.f;
-    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) sum += expf(row[j] - m);
+    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) sum += expf((row[j] - m) * abs_scale);
     sum = block_reduce<false>(sum, scratch);
     const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
 
     // Pass 3: the probabilities (recomputing expf is cheaper than a second write + read of S).
-    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) row[j] = expf(row[j] - m) * inv_sum;
+    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) row[j] = expf((row[j] - m) * abs_scale) * inv_sum;
 }
 
 // =============================================================================================

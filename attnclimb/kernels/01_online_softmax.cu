@@ -197,8 +197,14 @@ attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ 
 
     stage_rows<BLOCK_M, QK_STRIDE>(q_smem, q_head, m0, seqlen_q);  // rows past seqlen_q are 0
 
-    // Per owned row: running max m (of scaled scores), running normaliser l, and 8 columns of
-    // the unnormalised output O = sum_j exp(s_j - m) v_j.
+    // Per owned row: running max m (of raw scores), running normaliser l, and 8 columns of the
+    // unnormalised output O = sum_j exp((s_j - m)·scale) v_j. The scale multiplies s - m, after the
+    // subtraction: scaling first would round scale·s to fp32 and, for large |scale·s|, move every
+    // probability by that rounding (issue 6). A negative scale negates the raw scores (exact), so that
+    // their max is the max of the scaled ones; a zero scale becomes the smallest normal float (the same
+    // uniform P, without 0 · (−inf) = NaN).
+    const bool negate = scale < 0.f;
+    const float abs_scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
     float m[ROWS_PER_THREAD], l[ROWS_PER_THREAD], acc[ROWS_PER_THREAD][8];
 #pragma unroll
     for (int i = 0; i < ROWS_PER_THREAD; ++i) {
@@ -219,12 +225,12 @@ attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ 
 
 #pragma unroll
         for (int i = 0; i < ROWS_PER_THREAD; ++i) {
-            // Scale, and give keys past seqlen_k a score of -inf (probability exactly 0).
+            // Keys past seqlen_k get a score of -inf (probability exactly 0).
             float tile_max = neg_inf();
 #pragma unroll
             for (int j = 0; j < COLS_PER_THREAD; ++j) {
                 const bool key_valid = n0 + tx + GRID_DIM * j < seqlen_k;
-                s[i][j] = key_valid ? s[i][j] * scale : neg_inf();
+                s[i][j] = key_valid ? (negate ? -s[i][j] : s[i][j]) : neg_inf();
                 tile_max = fmaxf(tile_max, s[i][j]);
             }
             tile_max = row_group_reduce<true>(tile_max);
@@ -235,12 +241,12 @@ attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ 
             // correction = expf(-inf) = 0, which zeroes the (empty) accumulator and l.
             const float m_new = fmaxf(m[i], tile_max);
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            const float correction = expf(m[i] - m_use);
+            const float correction = expf((m[i] - m_use) * abs_scale);
 
             float tile_sum = 0.f;
 #pragma unroll
             for (int j = 0; j < COLS_PER_THREAD; ++j) {
-                s[i][j] = expf(s[i][j] - m_use);  // masked keys: expf(-inf) = 0
+                s[i][j] = expf((s[i][j] - m_use) * abs_scale);  // masked keys: expf(-inf) = 0
                 tile_sum += s[i][j];
             }
             tile_sum = row_group_reduce<false>(tile_sum);

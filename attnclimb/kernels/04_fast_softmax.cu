@@ -22,6 +22,8 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "softmax.cuh"
+
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
 #endif
@@ -107,13 +109,6 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x on the special-function unit: one MUFU.EX2, no range handling (2^−inf = +0, subnormals -> 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
@@ -307,11 +302,12 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         for (int j = 0; j < O_TILES; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
     }
     // row_max: raw scores (scale not applied); row_sum: this thread's partials, quad-summed at the end.
-    float row_max[M_TILES][2], row_sum[M_TILES][2];
+    float row_max[M_TILES][2], row_sum[M_TILES][2], row_err[M_TILES][2];
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
-        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_max[mt][0] = row_max[mt][1] = smx::ROW_MAX_INIT;  // finite: see softmax.cuh
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
+        row_err[mt][0] = row_err[mt][1] = 0.f;
     }
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
 
@@ -368,7 +364,7 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
             }
         }
 
-        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − m·c), c = scale·log2 e ----
+        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − R), c = scale·log2 e ----
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
             float tile_max[2] = {NEG_INF, NEG_INF};
@@ -377,14 +373,16 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
                 tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][j][0], s[mt][j][1]));
                 tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][j][2], s[mt][j][3]));
             }
-            float alpha[2], m_scaled[2];
+            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the max
+            // did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge |max·c|.
+            float alpha[2];
+            smx::RowRescale rs[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const float m_new = fmaxf(row_max[mt][r], quad_max(tile_max[r]));
-                // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
-                // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
-                m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
-                alpha[r] = fast_exp2(fmaf(row_max[mt][r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
+                rs[r] = smx::online_rescale(row_max[mt][r], row_err[mt][r], m_new, scale_log2);
+                row_err[mt][r] = rs[r].err;
+                alpha[r] = rs[r].alpha;
                 row_max[mt][r] = m_new;
                 row_sum[mt][r] *= alpha[r];
             }
@@ -392,7 +390,7 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
             for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
+                    s[mt][j][e] = smx::fast_exp2(fmaf(s[mt][j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                     row_sum[mt][e >> 1] += s[mt][j][e];
                 }
             }

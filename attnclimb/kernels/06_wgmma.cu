@@ -30,6 +30,7 @@
 #include <math_constants.h>
 
 #include "hopper.cuh"
+#include "softmax.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
@@ -80,13 +81,6 @@ static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 2^x on the special-function unit: one MUFU.EX2, no range handling (2^−inf = +0, subnormals -> 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
@@ -256,7 +250,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     float o_acc[O_TILES][4];
 #pragma unroll
     for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
-    float row_max[2] = {NEG_INF, NEG_INF};  // raw scores (scale not applied)
+    float row_max[2] = {smx::ROW_MAX_INIT, smx::ROW_MAX_INIT};  // raw scores; finite: see softmax.cuh
+    float row_err[2] = {0.f, 0.f};  // e = max·c − R of each row (softmax.cuh)
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
     float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
@@ -295,21 +290,23 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
             }
         }
 
-        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − m·c), c = scale·log2 e ----
+        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − R), c = scale·log2 e ----
         float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
             tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
             tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
         }
-        float alpha[2], m_scaled[2];
+        // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the max
+        // did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge |max·c|.
+        float alpha[2];
+        smx::RowRescale rs[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
-            // A row with no valid key so far keeps max −inf; subtract 0 instead so that no
-            // (−inf) − (−inf) = NaN appears. Its scores are all −inf, so its P is 0 either way.
-            m_scaled[r] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
-            alpha[r] = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled[r]));  // first tile: 2^−inf = 0
+            rs[r] = smx::online_rescale(row_max[r], row_err[r], m_new, scale_log2);
+            row_err[r] = rs[r].err;
+            alpha[r] = rs[r].alpha;
             row_max[r] = m_new;
             row_sum[r] *= alpha[r];
         }
@@ -317,7 +314,7 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_scaled[e >> 1]));  // FFMA + MUFU.EX2
+                s[j][e] = smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                 row_sum[e >> 1] += s[j][e];
             }
         }

@@ -156,7 +156,7 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
         lr.launch("qk_scores", (tiles_n * tiles_m * bh,), (rung.threads,), 0, stream,
                   q.data_ptr(), k.data_ptr(), s.data_ptr(), i32(sq), i32(sk), f32(scale))
-        lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk))
+        lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
         lr.launch("pv_product", (tiles_m * bh,), (rung.threads,), 0, stream,
                   s.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk))
         return

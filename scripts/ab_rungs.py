@@ -1,0 +1,156 @@
+"""A/B on the GPU: the rungs of this checkout against other versions of the same rungs, in one process.
+
+``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR ...] [--rungs 4,5,6,7,8]
+[--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
+and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
+``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
+same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike.
+
+Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
+flash and efficient backends on the same inputs), and TFLOP/s with the ratio to cuDNN measured in the same
+run. Writes everything as JSON to ``--out``.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import torch
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnclimb import rungs
+from attnclimb.reference import LOG2E, attention_exact, far_offset_inputs, rel_l2
+from attnclimb.runtime.launch import run_rung
+
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def variants(specs, numbers):
+    out, dirs = [], []
+    for spec in specs:
+        label, _, d = spec.partition("=")
+        dirs.append((label, Path(d)))
+        for hdr in Path(d).glob("*.cuh"):
+            if not (rungs.KERNEL_DIR / hdr.name).exists():
+                shutil.copyfile(hdr, rungs.KERNEL_DIR / hdr.name)
+    for n in numbers:
+        new = rungs.get(n)
+        for label, d in dirs:
+            src = d / new.source.name
+            if src.exists():
+                other = dataclasses.replace(new, name=f"{new.name}_{label}")
+                shutil.copyfile(src, other.source)
+                out.append((f"{new.key}-{label}", other))
+        out.append((f"{new.key}", new))
+    return out
+
+
+def sdpa(q, k, v, scale, backend):
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def errors(impls, g):
+    rows = []
+    cases = [("issue6 p=11", 11, False), ("|max*c|~2^26", 26, False), ("|max*c|~2^30", 30, False),
+             ("p=60 (ties)", 60, False), ("p=121 (fp32 limit)", 121, False)]
+    for sk in (4096, 16384):
+        for scale in (1.0, 1 / math.sqrt(128)):
+            for name, p, ties in cases:
+                if name.startswith("|"):  # p from the target magnitude of max·c
+                    p = int(math.floor(p - math.log2(127 * scale * LOG2E)))
+                q, k, v = far_offset_inputs(1, 64, sk, p, scale, ties=ties, generator=g, device="cuda")
+                q, k, v = (t.contiguous() for t in (q, k, v))
+                ref = attention_exact(q, k, v, scale)
+                row = {"case": name, "seqlen_k": sk, "scale": scale}
+                for label, r in impls:
+                    o = torch.full_like(q, float("nan"))
+                    run_rung(r, q, k, v, o, scale)
+                    row[label] = rel_l2(o, ref)
+                for label, b in BACKENDS.items():
+                    try:
+                        row[label] = rel_l2(sdpa(q, k, v, scale, b), ref)
+                    except RuntimeError:
+                        row[label] = None
+                rows.append(row)
+    return rows
+
+
+def timings(impls, shapes, rounds=2):
+    res = []
+    for b, h, s in shapes:
+        n_sets = max(3, math.ceil(2 * 60e6 / (3 * b * h * s * 128 * 2)) + 1)
+        sets = [tuple(torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                for _ in range(n_sets)]
+        outs = [torch.empty_like(x[0]) for x in sets]
+        flops = 4 * b * h * s * s * 128
+        scale = 1 / math.sqrt(128)
+        fns = {}
+        for label, r in impls:
+            def fn(r=r, it=[0]):
+                i = it[0] = (it[0] + 1) % n_sets
+                q, k, v = sets[i]
+                run_rung(r, q, k, v, outs[i], scale)
+            fns[label] = fn
+
+        def cudnn(it=[0]):
+            i = it[0] = (it[0] + 1) % n_sets
+            sdpa(*sets[i], scale, BACKENDS["cudnn"])
+        fns["cudnn"] = cudnn
+        times = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
+        row = {"shape": [b, h, s]}
+        for k, ts in times.items():
+            row[k] = flops / (statistics.median(ts) * 1e-3) / 1e12
+        res.append(row)
+        del sets, outs
+        torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--variant", action="append", required=True, metavar="LABEL=DIR")
+    ap.add_argument("--rungs", default="4,5,6,7,8")
+    ap.add_argument("--out", default="ab_rungs.json")
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
+    ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS,...")
+    args = ap.parse_args()
+    impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
+    g = torch.Generator(device="cuda").manual_seed(12345)
+    err = errors(impls, g)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    tim = [] if args.no_timing else timings(impls, shapes, rounds=args.rounds)
+    from attnclimb.bench.run import collect_env
+
+    env = collect_env()
+    env["variants"] = args.variant
+    Path(args.out).write_text(json.dumps({"meta": env, "errors": err, "tflops": tim}, indent=1))
+    labels = [lab for lab, _ in impls] + list(BACKENDS)
+    print("rel-L2 vs float64 (far-offset inputs, seqlen_q 64; head 0 +offset, head 1 -offset)")
+    print(f"{'case':28s} {'sk':>6s} {'scale':>6s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
+    for r in err:
+        print(f"{r['case']:28s} {r['seqlen_k']:6d} {r['scale']:6.3f} "
+              + " ".join(f"{r[x]:15.2e}" if r[x] is not None else f"{'-':>15s}" for x in labels))
+    if tim:
+        labels = [lab for lab, _ in impls] + ["cudnn"]
+        print("TFLOP/s (x cuDNN, same run)")
+        print(f"{'shape':18s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
+        for r in tim:
+            print(f"{str(r['shape']):18s} " + " ".join(f"{r[x]:7.0f} ({r[x] / r['cudnn']:.3f})" for x in labels))
+    for _, r in impls:
+        if r is not rungs.get(r.number):
+            r.source.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
