@@ -14,11 +14,8 @@ _INT32_MAX = 2**31 - 1
 _MAX_ABS_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 
 
-def hopper_available(device=None) -> tuple:
-    """Return ``(ok, reason)``: whether a Hopper GPU (compute capability 9.0) is usable by this process.
-
-    ``reason`` is a one-line explanation when ``ok`` is False. Never raises.
-    """
+def _hopper_check(device=None) -> tuple:
+    """``(ok, reason)``: whether a Hopper GPU (compute capability 9.0) is usable; never raises."""
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a hard dependency
@@ -36,6 +33,21 @@ def hopper_available(device=None) -> tuple:
     except Exception as exc:  # an invalid device index, a broken driver, ...
         return False, f"cannot query CUDA device {device!r}: {exc}"
     return True, ""
+
+
+def hopper_available(device=None) -> bool:
+    """``True`` when a Hopper GPU (compute capability 9.0) is usable by this process. Never raises.
+
+    ``device`` defaults to torch's current CUDA device. :func:`hopper_unavailable_reason` says why not.
+    """
+    return _hopper_check(device)[0]
+
+
+def hopper_unavailable_reason(device=None) -> str | None:
+    """Why :func:`hopper_available` is ``False``, as one line (e.g. no GPU visible, or its compute
+    capability); ``None`` when a Hopper GPU is usable. Never raises."""
+    ok, why = _hopper_check(device)
+    return None if ok else why
 
 
 def _validate(q, k, v, scale, rung):
@@ -92,8 +104,8 @@ def _validate(q, k, v, scale, rung):
             raise ValueError(f"{name} is on {t.device}; attnclimb runs on a CUDA (Hopper) device")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    ok, why = hopper_available(q.device)
-    if not ok:
+    why = hopper_unavailable_reason(q.device)
+    if why is not None:
         raise ValueError(f"cannot run attnclimb kernels: {why}")
     if rung_obj.abi == "unfused":
         need = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]

@@ -107,11 +107,23 @@ def test_build_rejects_unknown_rung(capsys):
     assert exc.value.code == 2 and "unknown rung 99" in capsys.readouterr().err
 
 
-def test_hopper_available_says_why_without_gpu():
+def test_hopper_available_is_a_bool_and_the_reason_is_separate():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    ok, why = attnclimb.hopper_available()
-    assert ok is False and "GPU" in why
+    assert attnclimb.hopper_available() is False  # a bool: `if attnclimb.hopper_available():` means what it says
+    assert attnclimb.hopper_available("cuda:0") is False
+    why = attnclimb.hopper_unavailable_reason()
+    assert isinstance(why, str) and "GPU" in why
+
+
+def test_hopper_available_agrees_with_the_reason(monkeypatch):
+    from attnclimb import api
+
+    monkeypatch.setattr(api, "_hopper_check", lambda device=None: (True, ""))
+    assert attnclimb.hopper_available() is True and attnclimb.hopper_unavailable_reason() is None
+    monkeypatch.setattr(api, "_hopper_check", lambda device=None: (False, "an Ampere GPU"))
+    assert attnclimb.hopper_available() is False
+    assert attnclimb.hopper_unavailable_reason() == "an Ampere GPU"
 
 
 def test_ladder_is_contiguous_and_files_exist():

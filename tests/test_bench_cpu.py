@@ -383,7 +383,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     torch = pytest.importorskip("torch")
     import functools
 
-    monkeypatch.setattr(run, "hopper_status", lambda: (True, ""))
+    monkeypatch.setattr(run, "hopper_status", lambda: None)
     monkeypatch.setattr(run, "collect_env", lambda when=None: {"device": "NVIDIA H200", "commit": "abc", "date": "d",
                                                      "gpu_clocks": {"start": None}})
     monkeypatch.setattr(run, "gpu_clocks", lambda: None)

@@ -231,11 +231,12 @@ def collect_env(when: datetime | None = None) -> dict:
     }
 
 
-def hopper_status() -> tuple:
-    """``(ok, reason)`` from :func:`attnclimb.hopper_available` (a seam the CPU tests replace)."""
-    from ..api import hopper_available
+def hopper_status() -> str | None:
+    """:func:`attnclimb.hopper_unavailable_reason`: ``None`` when a Hopper GPU is usable, else why not
+    (a seam the CPU tests replace)."""
+    from ..api import hopper_unavailable_reason
 
-    return hopper_available()
+    return hopper_unavailable_reason()
 
 
 # ------------------------------------------------------------------------------------------- progress
@@ -432,8 +433,8 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     """Run the ``bench`` subcommand. Exit 0 when every row is ok/skipped, 1 on any error row, 2 without Hopper."""
-    ok, why = hopper_status()
-    if not ok:
+    why = hopper_status()
+    if why is not None:
         print(f"attnclimb bench: no Hopper GPU (sm_90: H100/H200) available: {' '.join(why.split())}",
               file=sys.stderr)
         return NO_HOPPER_EXIT
