@@ -231,16 +231,16 @@ def test_readme_replacement_between_markers(tmp_path):
     after = report.MARK_END + "\n\n![chart](x.png)\ntrailing <!-- results:end --> text\n"
     readme = tmp_path / "README.md"
     readme.write_text(before + "old table\nline 2\n" + after)
-    assert report.update_readme(readme, block)
+    assert report.update_readme(readme, block) == "updated"
     assert readme.read_text() == before + block + "\n" + after
-    assert report.update_readme(readme, block)  # idempotent
+    assert report.update_readme(readme, block) == "unchanged"  # idempotent
     assert readme.read_text() == before + block + "\n" + after
 
     plain = tmp_path / "NOMARK.md"
     plain.write_text("# no markers here\n")
-    assert not report.update_readme(plain, block)
+    assert report.update_readme(plain, block) is None
     assert plain.read_text() == "# no markers here\n"
-    assert not report.update_readme(tmp_path / "missing.md", block)
+    assert report.update_readme(tmp_path / "missing.md", block) is None
     assert report.replace_between_markers(report.MARK_END + " x " + report.MARK_BEGIN, "t") is None
 
 
@@ -256,6 +256,54 @@ def test_report_cli(tmp_path):
     assert text.startswith(f"a\n{report.MARK_BEGIN}\n_NVIDIA H200") and text.endswith(f"{report.MARK_END}\nb\n")
     assert "| 04 fast_softmax | 450 (0.75×)" in text
     assert main(["report", str(tmp_path / "nope.json"), "--readme", str(readme), "--no-chart"]) == 1
+
+
+def test_report_says_unchanged_and_leaves_the_readme_alone(tmp_path, capsys):
+    _, latest = run.write_results(_synthetic_doc(), tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{report.MARK_BEGIN}\nold\n{report.MARK_END}\nb\n")
+    from attnclimb.__main__ import main
+
+    args = ["report", str(latest), "--readme", str(readme), "--no-chart"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith("updated ")
+    os.utime(readme, (1_000_000_000, 1_000_000_000))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "unchanged" in out and "updated" not in out
+    assert readme.stat().st_mtime == 1_000_000_000  # not rewritten
+
+
+def test_report_and_bench_agree_on_the_results_folder_when_installed(tmp_path):
+    """Installed without -e (no checkout above the package): both use ./benchmarks/results."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(REPO / "attnclimb", site / "attnclimb", ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    run.write_results(_synthetic_doc(), work / "benchmarks" / "results")
+    env = dict(os.environ, PYTHONPATH=str(site), COLUMNS="1000")  # COLUMNS: argparse does not wrap the paths
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "attnclimb", *args], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    results = work / "benchmarks" / "results"
+    bench_help, report_help = cli("bench", "--help").stdout, cli("report", "--help").stdout
+    assert f"(default: {results}," in bench_help
+    assert f"(default: {results / 'latest.json'}," in report_help
+    p = cli("report", "--no-chart")  # reads ./benchmarks/results/latest.json, where bench writes it
+    assert p.returncode == 0, p.stderr
+    assert "the table:" in p.stdout and "| 04 fast_softmax | 450 (0.75×)" in p.stdout
+    assert not (site / "benchmarks").exists() and not (tmp_path / "README.md").exists()
+
+
+def test_results_folder_in_a_checkout():
+    from attnclimb.bench import paths
+
+    assert paths.in_checkout()
+    assert paths.results_dir() == REPO / "benchmarks" / "results"
+    assert paths.default_readme() == REPO / "README.md"
 
 
 def test_label_spreading():

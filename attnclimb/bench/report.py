@@ -11,14 +11,14 @@ import math
 import sys
 from pathlib import Path
 
+from . import paths
 from .peers import PEER_KEYS, PEER_LABELS, REFERENCE_KEY
 from .shapes import HEADLINE_SEQLENS
 
+DESCRIPTION = ("Fill the README's results table (between its markers) and each rung page's measured section "
+               "from a results JSON written by bench, and draw the chart. Needs neither torch nor a GPU.")
 MARK_BEGIN = "<!-- results:begin -->"
 MARK_END = "<!-- results:end -->"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_JSON = _REPO_ROOT / "benchmarks" / "results" / "latest.json"
-DEFAULT_README = _REPO_ROOT / "README.md"
 
 
 def load_results(path) -> dict:
@@ -181,18 +181,23 @@ def replace_between_markers(text: str, block: str, begin: str = MARK_BEGIN, end:
     return text[: i + len(begin)] + "\n" + block.strip("\n") + "\n" + text[j:]
 
 
-def update_readme(readme, block: str) -> bool:
-    """Write ``block`` between the markers of ``readme``. ``False`` (file untouched) if it or its markers are missing."""
+def update_readme(readme, block: str) -> str | None:
+    """Write ``block`` between the markers of ``readme``.
+
+    Returns ``"updated"`` (the file changed), ``"unchanged"`` (it already held ``block``; not rewritten) or
+    ``None`` (file untouched) when the file or its markers are missing.
+    """
     readme = Path(readme)
     if not readme.is_file():
-        return False
+        return None
     text = readme.read_text()
     new = replace_between_markers(text, block)
     if new is None:
-        return False
-    if new != text:
-        readme.write_text(new)
-    return True
+        return None
+    if new == text:
+        return "unchanged"
+    readme.write_text(new)
+    return "updated"
 
 
 # ------------------------------------------------------------------------------------------- rung pages
@@ -350,38 +355,55 @@ def write_chart(doc: dict, path) -> Path | None:
 
 def add_arguments(p) -> None:
     """Add the ``report`` options to an argparse (sub)parser."""
-    p.add_argument("json", nargs="?", default=None, help=f"results file (default: {DEFAULT_JSON})")
-    p.add_argument("--readme", default=None, help=f"README to update between the markers (default: {DEFAULT_README})")
+    readme = paths.default_readme()
+    p.add_argument("json", nargs="?", default=None,
+                   help=f"results file (default: {paths.results_dir() / 'latest.json'}, where bench writes it)")
+    p.add_argument("--readme", default=None,
+                   help="README to update between the markers (default: "
+                        + (f"{readme}" if readme else "none outside a checkout: the table is printed") + ")")
     p.add_argument("--chart", default=None, help="chart path (default: ladder.png next to the JSON)")
     p.add_argument("--no-chart", action="store_true", help="don't write the chart")
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(paths.REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def main(args) -> int:
     """Run the ``report`` subcommand: 0 on success (also when README has no markers), 1 on a bad JSON."""
-    path = Path(args.json) if args.json else DEFAULT_JSON
+    path = Path(args.json) if args.json else paths.results_dir() / "latest.json"
     try:
         doc = load_results(path)
     except (OSError, ValueError) as exc:
         print(f"attnclimb report: cannot read {path}: {exc}", file=sys.stderr)
         return 1
-    try:
-        source = str(path.resolve().relative_to(_REPO_ROOT))
-    except ValueError:
-        source = str(path)
-    block = markdown_table(doc, source=source)
-    readme = Path(args.readme) if args.readme else DEFAULT_README
-    if update_readme(readme, block):
-        print(f"updated {readme} (between {MARK_BEGIN} and {MARK_END})")
+    block = markdown_table(doc, source=_shown(path))
+    default_readme = paths.default_readme()
+    readme = Path(args.readme) if args.readme else default_readme
+    status = update_readme(readme, block) if readme is not None else None
+    if status == "updated":
+        print(f"updated {_shown(readme)} (between {MARK_BEGIN} and {MARK_END})")
+    elif status == "unchanged":
+        print(f"{_shown(readme)} unchanged: its table already matches {_shown(path)}")
     else:
-        why = "does not exist" if not readme.is_file() else f"has no {MARK_BEGIN} ... {MARK_END} markers"
-        print(f"{readme} {why}; the table:\n")
+        if readme is None:
+            why = "no README given (--readme) outside a checkout"
+        elif not readme.is_file():
+            why = f"{readme} does not exist"
+        else:
+            why = f"{readme} has no {MARK_BEGIN} ... {MARK_END} markers"
+        print(f"{why}; the table:\n")
         print(block)
-    if readme.resolve() == DEFAULT_README.resolve():
+    if readme is not None and default_readme is not None and readme.resolve() == default_readme.resolve():
         from .. import rungs
 
-        pages = {r.number: _REPO_ROOT / r.page for r in rungs.RUNGS}
+        pages = {r.number: paths.REPO_ROOT / r.page for r in rungs.RUNGS}
         for p in update_rung_pages(doc, pages):
-            print(f"updated {p.relative_to(_REPO_ROOT)} (measured section)")
+            print(f"updated {_shown(p)} (measured section)")
     if not args.no_chart:
         png = write_chart(doc, Path(args.chart) if args.chart else path.parent / "ladder.png")
         print(f"wrote {png}" if png else "chart skipped: matplotlib not importable")

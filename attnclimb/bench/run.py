@@ -20,14 +20,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import paths
 from . import peers as peers_mod
 from . import shapes as shapes_mod
 from .timing import REL_L2_TOL
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# In a checkout the results go beside the code (where the README's table is generated from); from an
-# installed package (no pyproject.toml above it) into ./benchmarks/results of the working directory.
-DEFAULT_OUT = (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / "benchmarks" / "results"
+DESCRIPTION = ("Check and time every rung and every peer (SDPA backends, FlashAttention-4 when installed) on "
+               "the benchmark shapes; write a results JSON and the chart, then print the table. Needs a "
+               "Hopper GPU.")
+REPO_ROOT = paths.REPO_ROOT
 SCHEMA_VERSION = 1
 ROW_FIELDS = ("impl", "label", "shape", "batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
               "ms", "tflops", "ratio_to_cudnn", "rel_l2", "status")
@@ -423,7 +424,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seqlens", metavar="LIST",
                    help="FA-paper seqlens and/or 'wan', e.g. 4k,8192,wan (default: 1k,2k,4k,8k,16k,wan)")
     p.add_argument("--quick", action="store_true", help="4k, 16k and wan only, shorter warm-up and rep")
-    p.add_argument("--out", metavar="DIR", default=None, help=f"results folder (default: {DEFAULT_OUT})")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help=f"results folder (default: {paths.results_dir()}, where report reads them)")
     p.add_argument("--no-chart", action="store_true", help="don't write ladder.png")
     p.add_argument("--warmup-ms", type=float, default=None, help="warm-up time per measurement (ms)")
     p.add_argument("--rep-ms", type=float, default=None, help="timed repetitions per measurement (ms)")
@@ -450,7 +452,7 @@ def main(args) -> int:
         return 2
     warmup = args.warmup_ms if args.warmup_ms is not None else (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
-    out_dir = Path(args.out) if args.out else DEFAULT_OUT
+    out_dir = Path(args.out) if args.out else paths.results_dir()
 
     t0 = time.monotonic()
     started = datetime.now(timezone.utc)
