@@ -34,8 +34,17 @@ def _cmd_build(args) -> int:
             print(f"{r.key}: ptxas reported no resources for {sorted(missing)}", file=sys.stderr)
             failed.append(r.key)
         for res in c.resources:
-            rows.append((r.key, res.kernel, res.registers, res.static_smem + r.smem_bytes, res.stack_frame,
-                         res.spill_bytes, f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else "")))
+            rows.append(
+                (
+                    r.key,
+                    res.kernel,
+                    res.registers,
+                    res.static_smem + r.smem_bytes,
+                    res.stack_frame,
+                    res.spill_bytes,
+                    f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else ""),
+                )
+            )
         if args.verbose:
             print(c.log)
     from .runtime.compiler import nvrtc_version
@@ -90,17 +99,33 @@ def _unified_diff(a, b) -> list:
     if shutil.which("git"):
         relative = not Path(a_name).is_absolute() and not Path(b_name).is_absolute()
         res = subprocess.run(
-            ["git", "diff", "--no-index", "--no-color", "--no-ext-diff", "--no-textconv", "--diff-algorithm=myers",
-             "--src-prefix=a/", "--dst-prefix=b/", "--", a_name if relative else str(a),
-             b_name if relative else str(b)],
-            cwd=_package_parent() if relative else None, capture_output=True, text=True,
+            [
+                "git",
+                "diff",
+                "--no-index",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--diff-algorithm=myers",
+                "--src-prefix=a/",
+                "--dst-prefix=b/",
+                "--",
+                a_name if relative else str(a),
+                b_name if relative else str(b),
+            ],
+            cwd=_package_parent() if relative else None,
+            capture_output=True,
+            text=True,
         )
         if res.returncode in (0, 1):
             lines = res.stdout.splitlines(True)
             start = next((i for i, line in enumerate(lines) if line.startswith("--- ")), len(lines))
             return lines[start:]
-    return list(difflib.unified_diff(a.read_text().splitlines(True), b.read_text().splitlines(True),
-                                     f"a/{a_name}", f"b/{b_name}"))
+    return list(
+        difflib.unified_diff(
+            a.read_text().splitlines(True), b.read_text().splitlines(True), f"a/{a_name}", f"b/{b_name}"
+        )
+    )
 
 
 def _rung_entry(rung) -> dict:
@@ -132,8 +157,15 @@ def _entry_diff(lower, upper) -> tuple:
     a_lines = [f"{k} = {v!r}\n" for k, v in a.items()]
     b_lines = [f"{k} = {v!r}\n" for k, v in b.items()]
     path = _display_path(Path(rungs.__file__))
-    lines = list(difflib.unified_diff(a_lines, b_lines, f"a/{path} ({lower.key} {lower.name})",
-                                      f"b/{path} ({upper.key} {upper.name})", n=max(len(a_lines), len(b_lines))))
+    lines = list(
+        difflib.unified_diff(
+            a_lines,
+            b_lines,
+            f"a/{path} ({lower.key} {lower.name})",
+            f"b/{path} ({upper.key} {upper.name})",
+            n=max(len(a_lines), len(b_lines)),
+        )
+    )
     return lines, changed
 
 
@@ -152,8 +184,7 @@ def _cmd_diff(args) -> int:
     removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
     idea = f" ({upper.idea})" if upper.number == lower.number + 1 else ""
     params = f"; rungs.py: {', '.join(changed)} changed" if changed else ""
-    print(f"\n{lower.key} -> {upper.key}{idea}: {added} insertions(+), {removed} deletions(-){params}",
-          file=sys.stderr)
+    print(f"\n{lower.key} -> {upper.key}{idea}: {added} insertions(+), {removed} deletions(-){params}", file=sys.stderr)
     return 0
 
 
@@ -169,32 +200,56 @@ def _quiet_broken_pipe() -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnclimb", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m attnclimb",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report}")
-    b = sub.add_parser("build", help="compile every rung (no GPU needed) and print their resources",
-                       description="Compile every rung with NVRTC (no GPU needed) and print registers, shared "
-                                   "memory, stack, spills and compile time per kernel.")
+    b = sub.add_parser(
+        "build",
+        help="compile every rung (no GPU needed) and print their resources",
+        description="Compile every rung with NVRTC (no GPU needed) and print registers, shared "
+        "memory, stack, spills and compile time per kernel.",
+    )
     b.add_argument("--rung", type=int, action="append", help="only this rung (repeatable)")
     b.add_argument("--arch", default="sm_90a", help="NVRTC target architecture (default: %(default)s)")
-    b.add_argument("--no-cache", action="store_true",
-                   help="compile again even when the kernel cache holds a cubin (and refresh the cache)")
+    b.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile again even when the kernel cache holds a cubin (and refresh the cache)",
+    )
     b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
     b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
     from .bench import report as _report
     from .bench import run as _run
 
-    d = sub.add_parser("diff", help="show the one idea between two rungs (default: RUNG and the rung above)",
-                       description="Show what separates two rungs: the unified diff of their .cu files, then "
-                                   "the diff of their rungs.py entries (tile sizes, threads, shared memory, ...). "
-                                   "A summary with the .cu diff's size goes to stderr.")
+    d = sub.add_parser(
+        "diff",
+        help="show the one idea between two rungs (default: RUNG and the rung above)",
+        description="Show what separates two rungs: the unified diff of their .cu files, then "
+        "the diff of their rungs.py entries (tile sizes, threads, shared memory, ...). "
+        "A summary with the .cu diff's size goes to stderr.",
+    )
     d.add_argument("lower", type=int, metavar="RUNG", help="the rung to diff from")
-    d.add_argument("upper", type=int, nargs="?", metavar="UPPER",
-                   help="the rung to diff to (default: RUNG + 1, the rung that adds one idea to RUNG)")
-    _run.add_arguments(sub.add_parser("bench", help="time every rung and peer on the H200 (needs a Hopper GPU)",
-                                      description=_run.DESCRIPTION))
-    _report.add_arguments(sub.add_parser("report", help="README results table + chart from a results JSON",
-                                         description=_report.DESCRIPTION))
+    d.add_argument(
+        "upper",
+        type=int,
+        nargs="?",
+        metavar="UPPER",
+        help="the rung to diff to (default: RUNG + 1, the rung that adds one idea to RUNG)",
+    )
+    _run.add_arguments(
+        sub.add_parser(
+            "bench", help="time every rung and peer on the H200 (needs a Hopper GPU)", description=_run.DESCRIPTION
+        )
+    )
+    _report.add_arguments(
+        sub.add_parser(
+            "report", help="README results table + chart from a results JSON", description=_report.DESCRIPTION
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 

@@ -57,14 +57,15 @@ def _validate(q, k, v, scale, rung):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.layout != torch.strided or t.is_nested:
-            raise ValueError(f"{name} has layout {'nested' if t.is_nested else t.layout}; attnclimb supports dense "
-                             "(torch.strided) tensors only")
+            raise ValueError(
+                f"{name} has layout {'nested' if t.is_nested else t.layout}; attnclimb supports dense "
+                "(torch.strided) tensors only"
+            )
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} has dtype {t.dtype}; attnclimb supports torch.bfloat16 only")
         if t.dim() != 4:
             raise ValueError(
-                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: "
-                "(batch, heads, seqlen, head_dim)"
+                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: (batch, heads, seqlen, head_dim)"
             )
         if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} has head_dim {t.shape[-1]}; supported head_dim: {SUPPORTED_HEAD_DIMS}")
@@ -159,8 +160,9 @@ def attention(q, k, v, *, scale=None, rung=None):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     # The kernels use 16-byte vector loads and TMA, which need 16-byte aligned bases: a contiguous view
     # with an odd storage offset is copied.
-    q, k, v = (t.contiguous() if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-               for t in (q, k, v))
+    q, k, v = (
+        t.contiguous() if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v)
+    )
     o = torch.empty_like(q)
     from .runtime.launch import run_rung
 

@@ -10,7 +10,7 @@ import cuda.pathfinder
 
 from attnclimb.runtime.launch import tensor_map
 
-SRC = r'''
+SRC = r"""
 #include <cuda_bf16.h>
 struct alignas(64) TmaDesc { unsigned long long opaque[16]; };
 extern "C" __global__ void probe(const __grid_constant__ TmaDesc tmap, __nv_bfloat16* out, int col, int row, int bh, int bytes) {
@@ -31,7 +31,7 @@ extern "C" __global__ void probe(const __grid_constant__ TmaDesc tmap, __nv_bflo
   asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}" :: "r"(bar_addr));
   for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = reinterpret_cast<__nv_bfloat16*>(smem)[i];
 }
-'''
+"""
 
 dev = Device(0)
 dev.set_current()
@@ -45,16 +45,25 @@ stream = dev.create_stream(torch.cuda.current_stream())
 ok = True
 for col, row, b in [(0, 0, 1), (64, 0, 2), (0, 64, 1)]:  # the last box runs 28 rows past seqlen=100
     out = torch.zeros(rows * 64, device="cuda", dtype=torch.bfloat16)
-    launch(stream, LaunchConfig(grid=1, block=128, shmem_size=rows * 128 + 1024), kern, tm, out.data_ptr(),
-           np.int32(col), np.int32(row), np.int32(b), np.int32(rows * 128))
+    launch(
+        stream,
+        LaunchConfig(grid=1, block=128, shmem_size=rows * 128 + 1024),
+        kern,
+        tm,
+        out.data_ptr(),
+        np.int32(col),
+        np.int32(row),
+        np.int32(b),
+        np.int32(rows * 128),
+    )
     torch.cuda.synchronize()
     got = out.view(rows, 64).cpu().float().numpy()
     exp = np.zeros((rows, 64), np.float32)
     src = x[b].float().cpu().numpy()
     for r in range(rows):  # smem row r holds global row row+r; 16-byte chunk c lands at chunk c ^ (r % 8)
         for c in range(8):
-            vals = src[row + r, col + 8 * c: col + 8 * c + 8] if row + r < seqlen else np.zeros(8)
-            exp[r, 8 * (c ^ (r % 8)): 8 * (c ^ (r % 8)) + 8] = vals
+            vals = src[row + r, col + 8 * c : col + 8 * c + 8] if row + r < seqlen else np.zeros(8)
+            exp[r, 8 * (c ^ (r % 8)) : 8 * (c ^ (r % 8)) + 8] = vals
     same = np.array_equal(got, exp)
     ok &= same
     print(f"TMA box col={col} row={row} bh={b}: {'OK' if same else 'MISMATCH'}")

@@ -53,7 +53,9 @@ for ov in variants:
             res.append(f"{p.label}: {t:6.1f} ({t / cudnn[p.name]:.2f}x)")
         lr = loaded(r, 0)
         regs = [x.registers for x in lr.compiled.resources]
-        print(f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),
-              flush=True)
+        print(
+            f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),
+            flush=True,
+        )
     except Exception as exc:
         print(f"{json.dumps(ov)} {defs} FAILED: {str(exc)[:300]}", flush=True)

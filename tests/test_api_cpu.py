@@ -59,9 +59,18 @@ def test_cpu_tensors_refused():
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
-@pytest.mark.parametrize("scale,exc", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError),
-                                       (10**400, ValueError), (1e39, ValueError), (-float("inf"), ValueError),
-                                       (1 + 2j, TypeError)])
+@pytest.mark.parametrize(
+    "scale,exc",
+    [
+        ("0.1", TypeError),
+        (float("nan"), ValueError),
+        (True, TypeError),
+        (10**400, ValueError),
+        (1e39, ValueError),
+        (-float("inf"), ValueError),
+        (1 + 2j, TypeError),
+    ],
+)
 def test_bad_scale(scale, exc):
     with pytest.raises(exc, match="scale"):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=scale)
@@ -78,8 +87,9 @@ def test_numpy_scalars_pass_scale_and_rung_checks():
 
     # accepted types get as far as the device check (CPU tensors), not a TypeError
     with pytest.raises(ValueError, match="CUDA"):
-        attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=np.float32(0.1),
-                            rung=np.int64(2))
+        attnclimb.attention(
+            _t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=np.float32(0.1), rung=np.int64(2)
+        )
 
 
 def test_sparse_and_nested_refused():
@@ -145,8 +155,11 @@ def test_rung_pages_quote_the_real_diff_size():
         pytest.skip("git not installed")
     root = rungs.KERNEL_DIR.parent.parent
     for lower, upper in zip(rungs.RUNGS, rungs.RUNGS[1:]):
-        res = subprocess.run(["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", str(lower.source),
-                              str(upper.source)], capture_output=True, text=True)
+        res = subprocess.run(
+            ["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", str(lower.source), str(upper.source)],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 1 and res.stdout.strip(), f"git diff failed: {res.stderr}"
         summary = res.stdout.strip().splitlines()[-1].strip()  # "1 file changed, N insertions(+), M deletions(-)"
         page = (root / upper.page).read_text()
@@ -158,7 +171,10 @@ def test_diff_command_shows_neighbours(capsys):
 
     assert main(["diff", "3"]) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines()[:2] == ["--- a/attnclimb/kernels/03_cp_async.cu", "+++ b/attnclimb/kernels/04_fast_softmax.cu"]
+    assert out.splitlines()[:2] == [
+        "--- a/attnclimb/kernels/03_cp_async.cu",
+        "+++ b/attnclimb/kernels/04_fast_softmax.cu",
+    ]
     assert "rung03 -> rung04" in err and "32 insertions(+), 24 deletions(-)" in err  # as page 04 quotes
     with pytest.raises(SystemExit) as exc:
         main(["diff", "8"])  # nothing above the top rung: an argparse error, exit 2, that says so

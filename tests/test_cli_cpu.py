@@ -17,8 +17,9 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHO
 
 
 def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "attnclimb", *args], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "attnclimb", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def test_diff_headers_are_repo_relative(capsys):
@@ -35,7 +36,7 @@ def test_diff_shows_the_rungs_py_entry(capsys, monkeypatch):
     monkeypatch.setitem(rungs.BY_NUMBER, 8, upper)
     assert main(["diff", "7"]) == 0
     out, err = capsys.readouterr()
-    entry = out[out.index("--- a/attnclimb/rungs.py"):].splitlines()
+    entry = out[out.index("--- a/attnclimb/rungs.py") :].splitlines()
     assert f"-block_n = {lower.block_n!r}" in entry and "+block_n = 4242" in entry
     assert f"-extra_defines['NUM_STAGES'] = {lower.extra_defines['NUM_STAGES']!r}" in entry
     assert "+extra_defines['NUM_STAGES'] = 9" in entry
@@ -53,9 +54,12 @@ def test_diff_of_the_real_rungs_7_and_8_names_every_changed_field(capsys):
     lower, upper = rungs.get(7), rungs.get(8)
     assert main(["diff", "7", "8"]) == 0
     out, err = capsys.readouterr()
-    changed = [f.name for f in dataclasses.fields(rungs.Rung)
-               if f.name not in ("number", "name", "idea", "extra_defines")
-               and getattr(lower, f.name) != getattr(upper, f.name)]
+    changed = [
+        f.name
+        for f in dataclasses.fields(rungs.Rung)
+        if f.name not in ("number", "name", "idea", "extra_defines")
+        and getattr(lower, f.name) != getattr(upper, f.name)
+    ]
     assert changed, "rungs 7 and 8 have identical entries?"
     for name in changed:
         assert f"-{name} = {getattr(lower, name)!r}" in out.splitlines()
@@ -69,11 +73,14 @@ def test_diff_of_a_rung_with_itself_is_empty(capsys):
     assert out == "" and "0 insertions(+), 0 deletions(-)" in err and "rungs.py" not in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["diff", "8"], "rung 8 is the top rung: there is no rung above it (try: diff 7 8)"),
-    (["diff", "12"], "unknown rung 12; available: 0..8 (8 is the top rung)"),
-    (["diff", "3", "9"], "unknown rung 9; available: 0..8 (8 is the top rung)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["diff", "8"], "rung 8 is the top rung: there is no rung above it (try: diff 7 8)"),
+        (["diff", "12"], "unknown rung 12; available: 0..8 (8 is the top rung)"),
+        (["diff", "3", "9"], "unknown rung 9; available: 0..8 (8 is the top rung)"),
+    ],
+)
 def test_diff_errors_say_what_is_wrong(capsys, argv, message):
     top = max(rungs.BY_NUMBER)
     message = message.replace("8", str(top)).replace("try: diff 7", f"try: diff {top - 1}")
@@ -85,8 +92,13 @@ def test_diff_errors_say_what_is_wrong(capsys, argv, message):
 
 def test_closed_stdout_exits_quietly():
     """The reader closes the pipe before the first write: no traceback, exit status 141 (as for git)."""
-    p = subprocess.Popen([sys.executable, "-m", "attnclimb", "diff", "7", "8"], cwd=REPO, env=ENV,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "attnclimb", "diff", "7", "8"],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdout.close()  # long before the interpreter has started, let alone written
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141, err
@@ -94,12 +106,19 @@ def test_closed_stdout_exits_quietly():
 
 
 def test_piped_to_head_exits_quietly():
-    p = subprocess.run(["bash", "-c", f"'{sys.executable}' -m attnclimb diff 7 8 | head -n 3; "
-                                      "echo \"status ${PIPESTATUS[0]}\" >&2"],
-                       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
-    assert p.stdout.splitlines() == ["--- a/attnclimb/kernels/07_warp_specialized.cu",
-                                     "+++ b/attnclimb/kernels/08_kv_pipeline.cu",
-                                     p.stdout.splitlines()[2]]
+    p = subprocess.run(
+        ["bash", "-c", f"'{sys.executable}' -m attnclimb diff 7 8 | head -n 3; echo \"status ${{PIPESTATUS[0]}}\" >&2"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.stdout.splitlines() == [
+        "--- a/attnclimb/kernels/07_warp_specialized.cu",
+        "+++ b/attnclimb/kernels/08_kv_pipeline.cu",
+        p.stdout.splitlines()[2],
+    ]
     assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
     assert re.search(r"status (0|141)$", p.stderr.strip())
 

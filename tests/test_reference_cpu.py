@@ -70,8 +70,14 @@ def test_tiled_rejects_bad_blocks():
 
 
 @settings(max_examples=25, deadline=None)
-@given(sq=st.integers(1, 200), sk=st.integers(1, 200), bm=st.sampled_from([16, 64, 128]),
-       bn=st.sampled_from([16, 64, 176]), base2=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    sq=st.integers(1, 200),
+    sk=st.integers(1, 200),
+    bm=st.sampled_from([16, 64, 128]),
+    bn=st.sampled_from([16, 64, 176]),
+    base2=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_tiled_matches_exact_property(sq, sk, bm, bn, base2, seed):
     q, k, v = _qkv(1, 2, sq, sk, d=8, seed=seed, scale_logits=4.0)
     out = attention_tiled(q, k, v, block_m=bm, block_n=bn, base2=base2)

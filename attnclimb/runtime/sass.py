@@ -45,7 +45,6 @@ def sass(cubin: bytes) -> str:
     return res.stdout
 
 
-
 def resource_usage(cubin: bytes) -> tuple:
     """Per-kernel resources read from the cubin itself (``cuobjdump --dump-resource-usage``).
 
