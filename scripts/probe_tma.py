@@ -3,17 +3,18 @@
 
 import sys
 
+import cuda.pathfinder
 import numpy as np
 import torch
 from cuda.core import Device, LaunchConfig, ObjectCode, Program, ProgramOptions, launch
-import cuda.pathfinder
 
 from attnclimb.runtime.launch import tensor_map
 
 SRC = r"""
 #include <cuda_bf16.h>
 struct alignas(64) TmaDesc { unsigned long long opaque[16]; };
-extern "C" __global__ void probe(const __grid_constant__ TmaDesc tmap, __nv_bfloat16* out, int col, int row, int bh, int bytes) {
+extern "C" __global__ void probe(const __grid_constant__ TmaDesc tmap, __nv_bfloat16* out, int col, int row,
+                                 int bh, int bytes) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bar;
   unsigned bar_addr = (unsigned)__cvta_generic_to_shared(&bar);
@@ -25,10 +26,12 @@ extern "C" __global__ void probe(const __grid_constant__ TmaDesc tmap, __nv_bflo
   __syncthreads();
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar_addr), "r"(bytes));
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
       :: "r"(dst), "l"(&tmap), "r"(col), "r"(row), "r"(bh), "r"(bar_addr) : "memory");
   }
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}" :: "r"(bar_addr));
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}"
+               :: "r"(bar_addr));
   for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = reinterpret_cast<__nv_bfloat16*>(smem)[i];
 }
 """

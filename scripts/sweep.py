@@ -49,7 +49,7 @@ for ov in variants:
         res = []
         for p in problems:
             out = torch.empty(p.batch, p.heads, p.seqlen_q, p.head_dim, device="cuda", dtype=torch.bfloat16)
-            t = time_tflops(p, lambda q, k, v: run_rung(r, q, k, v, out, scale))
+            t = time_tflops(p, lambda q, k, v, r=r, out=out: run_rung(r, q, k, v, out, scale))
             res.append(f"{p.label}: {t:6.1f} ({t / cudnn[p.name]:.2f}x)")
         lr = loaded(r, 0)
         regs = [x.registers for x in lr.compiled.resources]

@@ -12,12 +12,12 @@ def _t(*shape, dtype=torch.bfloat16, device="cpu"):
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match="float16.*bfloat16"):
+    with pytest.raises(TypeError, match=r"float16.*bfloat16"):
         attnclimb.attention(_t(1, 1, 4, 128, dtype=torch.float16), _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
 def test_not_a_tensor():
-    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"must be a torch\.Tensor"):
         attnclimb.attention([1, 2], _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 

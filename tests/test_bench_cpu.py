@@ -111,7 +111,7 @@ def test_rel_l2_and_reference_on_cpu():
 
 
 def test_impl_selection():
-    keys = lambda impls: [i.key for i in impls]  # noqa: E731
+    keys = lambda impls: [i.key for i in impls]
     all_keys = [r.key for r in RUNGS] + list(peers.PEER_KEYS)
     assert keys(peers.select_impls()) == all_keys
     assert keys(peers.select_impls("0,1")) == ["rung00", "rung01", *peers.PEER_KEYS]
@@ -293,7 +293,7 @@ def test_readme_replacement_between_markers(tmp_path):
 
 def test_report_cli(tmp_path):
     doc = _synthetic_doc()
-    stamped, latest = run.write_results(doc, tmp_path)
+    _, latest = run.write_results(doc, tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text(f"a\n{report.MARK_BEGIN}\n{report.MARK_END}\nb\n")
     from attnclimb.__main__ import main

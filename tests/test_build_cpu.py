@@ -126,7 +126,7 @@ def test_edited_kernel_is_never_served_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs, "KERNEL_DIR", src)
     r = rungs.get(1)
     assert r.source.parent == src
-    first = compile_rung(r)
+    compile_rung(r)
     assert compile_rung(r).cached
     (src / "01_online_softmax.cu").write_text(r.source.read_text() + "\n// one more line\n")
     assert not compile_rung(r).cached

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 PEER_KEYS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "fa4")
 PEER_LABELS = {
@@ -93,7 +94,7 @@ class RungImpl(Impl):
 class SdpaImpl(Impl):
     """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend."""
 
-    BACKENDS = {
+    BACKENDS: ClassVar[dict] = {
         "sdpa_cudnn": "CUDNN_ATTENTION",
         "sdpa_flash": "FLASH_ATTENTION",
         "sdpa_efficient": "EFFICIENT_ATTENTION",

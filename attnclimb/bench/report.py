@@ -338,7 +338,7 @@ def write_chart(doc: dict, path) -> Path | None:
         ]
         if rungs:
             ax.plot(xs, ys, marker="o", color=color, label=f"attnclimb, seqlen {lab}", linewidth=2)
-            for x, y in zip(xs, ys):
+            for y in ys:
                 if y == y:
                     ymax = max(ymax, y)
         for pk in peers:
@@ -367,7 +367,7 @@ def write_chart(doc: dict, path) -> Path | None:
                 fontsize=7,
                 color=color,
                 va="center",
-                arrowprops=dict(arrowstyle="-", color=color, lw=0.5, relpos=(0, 0.5)),
+                arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "relpos": (0, 0.5)},
                 annotation_clip=False,
             )
     ax.legend(loc="lower right", fontsize=8)

@@ -74,7 +74,7 @@ def make_row(
             raise ValueError("an ok row needs ms")
         t = shapes_mod.tflops(shape.flops, ms)
     else:
-        if not (status.startswith("skipped: ") or status.startswith("error: ")):
+        if not status.startswith(("skipped: ", "error: ")):
             raise ValueError(f"status must be 'ok', 'skipped: ...' or 'error: ...', got {status!r}")
         ms, t = None, None
     return {
@@ -246,7 +246,7 @@ def driver_version() -> str | None:
     try:
         from cuda.bindings import driver as cu
 
-        err, v = cu.cuDriverGetVersion()
+        _, v = cu.cuDriverGetVersion()
         return f"CUDA driver API {v // 1000}.{(v % 1000) // 10}"
     except Exception:
         return None
@@ -267,7 +267,7 @@ def collect_env(when: datetime | None = None) -> dict:
         triton_version = None
     return {
         "device": torch.cuda.get_device_name(dev),
-        "capability": "%d.%d" % torch.cuda.get_device_capability(dev),
+        "capability": "{}.{}".format(*torch.cuda.get_device_capability(dev)),
         "sm_count": props.multi_processor_count,
         "driver_version": driver_version(),
         "torch_version": torch.__version__,
@@ -391,6 +391,7 @@ def run_bench(
     (unavailable impls, lost context) and the settings actually used.
     """
     import torch
+
     from . import timing
 
     notes, rows = [], []
@@ -463,6 +464,7 @@ def run_bench(
 
 def _bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device="cuda") -> dict:
     import torch
+
     from . import timing
 
     prepared = out = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..reference import rel_l2  # noqa: F401  (one definition of the error metric, shared with the tests)
+from ..reference import rel_l2  # one definition of the error metric, shared with the tests
 
 DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H100/H200: 50 / 60 MB
 REL_L2_TOL = 1e-2

@@ -88,7 +88,7 @@ class LoadedRung:
         launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), self.kernels[name], *args)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _loaded(rung: Rung, device_index: int) -> LoadedRung:
     return LoadedRung(rung, device_index)
 

@@ -1,5 +1,6 @@
 """Disassemble a cubin with ``cuobjdump -sass`` (from the CUDA toolkit or NVIDIA's
-``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm`` wheels) so CI can check that a rung really uses the instructions it claims."""
+``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm`` wheels) so CI can check that a rung really uses the
+instructions it claims."""
 
 from __future__ import annotations
 
