@@ -74,15 +74,13 @@ def _cmd_report(args) -> int:
     return report.main(args)
 
 
-def _package_parent() -> Path:
-    """The folder holding the ``attnclimb`` package: the repository root in a checkout."""
-    return Path(__file__).resolve().parent.parent
-
-
 def _display_path(path: Path) -> str:
-    """``path`` relative to :func:`_package_parent` (``attnclimb/kernels/07_….cu``), else as given."""
+    """``path`` relative to the folder holding the package, the repository root in a checkout
+    (``attnclimb/kernels/07_….cu``); as given when it lies elsewhere."""
+    from .bench.paths import REPO_ROOT
+
     try:
-        return Path(path).resolve().relative_to(_package_parent()).as_posix()
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return str(path)
 
@@ -95,25 +93,17 @@ def _unified_diff(a, b) -> list:
     import shutil
     import subprocess
 
+    from .bench.paths import REPO_ROOT
+
     a_name, b_name = _display_path(a), _display_path(b)
     if shutil.which("git"):
         relative = not Path(a_name).is_absolute() and not Path(b_name).is_absolute()
+        opts = ["--no-index", "--no-color", "--no-ext-diff", "--no-textconv", "--diff-algorithm=myers"]
+        prefixes = ["--src-prefix=a/", "--dst-prefix=b/"]  # whatever diff.noprefix etc. say in the user's config
+        files = [a_name, b_name] if relative else [str(a), str(b)]
         res = subprocess.run(
-            [
-                "git",
-                "diff",
-                "--no-index",
-                "--no-color",
-                "--no-ext-diff",
-                "--no-textconv",
-                "--diff-algorithm=myers",
-                "--src-prefix=a/",
-                "--dst-prefix=b/",
-                "--",
-                a_name if relative else str(a),
-                b_name if relative else str(b),
-            ],
-            cwd=_package_parent() if relative else None,
+            ["git", "diff", *opts, *prefixes, "--", *files],
+            cwd=REPO_ROOT if relative else None,
             capture_output=True,
             text=True,
         )
@@ -121,11 +111,8 @@ def _unified_diff(a, b) -> list:
             lines = res.stdout.splitlines(True)
             start = next((i for i, line in enumerate(lines) if line.startswith("--- ")), len(lines))
             return lines[start:]
-    return list(
-        difflib.unified_diff(
-            a.read_text().splitlines(True), b.read_text().splitlines(True), f"a/{a_name}", f"b/{b_name}"
-        )
-    )
+    a_lines, b_lines = a.read_text().splitlines(True), b.read_text().splitlines(True)
+    return list(difflib.unified_diff(a_lines, b_lines, f"a/{a_name}", f"b/{b_name}"))
 
 
 def _rung_entry(rung) -> dict:

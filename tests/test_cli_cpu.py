@@ -67,6 +67,19 @@ def test_diff_of_the_real_rungs_7_and_8_names_every_changed_field(capsys):
         assert name in err.splitlines()[-1]
 
 
+def test_diff_without_git_has_the_same_headers(capsys, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)  # no git: Python's difflib
+    assert main(["diff", "3", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[:2] == [
+        "--- a/attnclimb/kernels/03_cp_async.cu",
+        "+++ b/attnclimb/kernels/04_fast_softmax.cu",
+    ]
+    assert "rung03 -> rung04" in err and "--- a/attnclimb/rungs.py (rung03 cp_async)" in out
+
+
 def test_diff_of_a_rung_with_itself_is_empty(capsys):
     assert main(["diff", "3", "3"]) == 0
     out, err = capsys.readouterr()
