@@ -1,9 +1,19 @@
-"""Command line: ``python -m attnclimb build | bench | report | diff``."""
+"""Command line: ``python -m attnclimb build | diff | bench | report``."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+from pathlib import Path
+
+DESCRIPTION = "A ladder of attention forward kernels for NVIDIA Hopper: compile, compare, benchmark and report them."
+EPILOG = """examples:
+  python -m attnclimb build --strict     compile every rung for sm_90a, fail on any spill
+  python -m attnclimb diff 7             what rung 8 adds to rung 7 (its .cu diff and its rungs.py entry)
+  python -m attnclimb bench --quick      time the rungs and the peers (needs a Hopper GPU)
+  python -m attnclimb report             README table, rung pages and chart from the latest results"""
 
 
 def _cmd_build(args) -> int:
@@ -24,8 +34,17 @@ def _cmd_build(args) -> int:
             print(f"{r.key}: ptxas reported no resources for {sorted(missing)}", file=sys.stderr)
             failed.append(r.key)
         for res in c.resources:
-            rows.append((r.key, res.kernel, res.registers, res.static_smem + r.smem_bytes, res.stack_frame,
-                         res.spill_bytes, f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else "")))
+            rows.append(
+                (
+                    r.key,
+                    res.kernel,
+                    res.registers,
+                    res.static_smem + r.smem_bytes,
+                    res.stack_frame,
+                    res.spill_bytes,
+                    f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else ""),
+                )
+            )
         if args.verbose:
             print(c.log)
     from .runtime.compiler import nvrtc_version
@@ -55,22 +74,86 @@ def _cmd_report(args) -> int:
     return report.main(args)
 
 
+def _display_path(path: Path) -> str:
+    """``path`` relative to the folder holding the package, the repository root in a checkout
+    (``attnclimb/kernels/07_….cu``); as given when it lies elsewhere."""
+    from .bench.paths import REPO_ROOT
+
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _unified_diff(a, b) -> list:
-    """Unified diff lines of two files: git's (Myers) when git is installed, so the counts match the
+    """Unified diff lines of two files, headed ``--- a/<path>`` / ``+++ b/<path>`` with paths relative to
+    the repository root: git's (Myers) when git is installed, so the counts match the
     ``git diff --no-index --stat`` lines the rung pages quote; Python's difflib otherwise."""
     import difflib
     import shutil
     import subprocess
 
+    from .bench.paths import REPO_ROOT
+
+    a_name, b_name = _display_path(a), _display_path(b)
     if shutil.which("git"):
-        res = subprocess.run(["git", "diff", "--no-index", "--no-color", "--diff-algorithm=myers", str(a), str(b)],
-                             capture_output=True, text=True)
+        relative = not Path(a_name).is_absolute() and not Path(b_name).is_absolute()
+        opts = ["--no-index", "--no-color", "--no-ext-diff", "--no-textconv", "--diff-algorithm=myers"]
+        prefixes = ["--src-prefix=a/", "--dst-prefix=b/"]  # whatever diff.noprefix etc. say in the user's config
+        files = [a_name, b_name] if relative else [str(a), str(b)]
+        res = subprocess.run(
+            ["git", "diff", *opts, *prefixes, "--", *files],
+            cwd=REPO_ROOT if relative else None,
+            capture_output=True,
+            text=True,
+        )
         if res.returncode in (0, 1):
             lines = res.stdout.splitlines(True)
             start = next((i for i, line in enumerate(lines) if line.startswith("--- ")), len(lines))
             return lines[start:]
-    return list(difflib.unified_diff(a.read_text().splitlines(True), b.read_text().splitlines(True),
-                                     f"a/{a.name}", f"b/{b.name}"))
+    a_lines, b_lines = a.read_text().splitlines(True), b.read_text().splitlines(True)
+    return list(difflib.unified_diff(a_lines, b_lines, f"a/{a_name}", f"b/{b_name}"))
+
+
+def _rung_entry(rung) -> dict:
+    """The fields of ``rung``'s ``rungs.py`` entry as ``{label: value}`` (``extra_defines`` one per macro);
+    ``number`` and ``name`` are left out, the diff headers name them."""
+    import dataclasses
+
+    entry = {}
+    for f in dataclasses.fields(rung):
+        value = getattr(rung, f.name)
+        if f.name in ("number", "name"):
+            continue
+        if f.name == "extra_defines":
+            entry.update({f"extra_defines[{k!r}]": v for k, v in sorted(value.items())})
+        else:
+            entry[f.name] = value
+    return entry
+
+
+def _entry_diff(lower, upper) -> tuple:
+    """``(lines, changed)``: a unified diff of the two rungs' ``rungs.py`` entries with every field as
+    context, and the labels of the fields that differ (``idea`` left out). No lines when equal."""
+    import difflib
+
+    from . import rungs
+
+    a, b = _rung_entry(lower), _rung_entry(upper)
+    changed = [k for k in dict.fromkeys([*a, *b]) if k != "idea" and a.get(k, ...) != b.get(k, ...)]
+    a_lines = [f"{k} = {v!r}\n" for k, v in a.items()]
+    b_lines = [f"{k} = {v!r}\n" for k, v in b.items()]
+    path = _display_path(Path(rungs.__file__))
+    lines = list(
+        difflib.unified_diff(
+            a_lines,
+            b_lines,
+            f"a/{path} ({lower.key} {lower.name})",
+            f"b/{path} ({upper.key} {upper.name})",
+            n=max(len(a_lines), len(b_lines)),
+        )
+    )
+    return lines, changed
 
 
 def _cmd_diff(args) -> int:
@@ -78,40 +161,101 @@ def _cmd_diff(args) -> int:
 
     lower, upper = rungs.get(args.lower), rungs.get(args.upper)
     diff = _unified_diff(lower.source, upper.source)
+    entry, changed = _entry_diff(lower, upper)
     sys.stdout.writelines(diff)
+    if entry:
+        sys.stdout.write("\n" if diff else "")
+        sys.stdout.writelines(entry)
+    sys.stdout.flush()
     added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
     removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
     idea = f" ({upper.idea})" if upper.number == lower.number + 1 else ""
-    print(f"\n{lower.key} -> {upper.key}{idea}: {added} insertions(+), {removed} deletions(-)", file=sys.stderr)
+    params = f"; rungs.py: {', '.join(changed)} changed" if changed else ""
+    print(f"\n{lower.key} -> {upper.key}{idea}: {added} insertions(+), {removed} deletions(-){params}", file=sys.stderr)
     return 0
 
 
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``... | head``): stop without a traceback, as git does, and with
+    the status a shell reports for a process ended by SIGPIPE (141)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout goes nowhere
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a file descriptor
+        pass
+    return 128 + getattr(signal, "SIGPIPE", 13)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnclimb", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="compile every rung (no GPU needed) and print their resources")
+    p = argparse.ArgumentParser(
+        prog="python -m attnclimb",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report}")
+    b = sub.add_parser(
+        "build",
+        help="compile every rung (no GPU needed) and print their resources",
+        description="Compile every rung with NVRTC (no GPU needed) and print registers, shared "
+        "memory, stack, spills and compile time per kernel.",
+    )
     b.add_argument("--rung", type=int, action="append", help="only this rung (repeatable)")
-    b.add_argument("--arch", default="sm_90a")
-    b.add_argument("--no-cache", action="store_true")
+    b.add_argument("--arch", default="sm_90a", help="NVRTC target architecture (default: %(default)s)")
+    b.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile again even when the kernel cache holds a cubin (and refresh the cache)",
+    )
     b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
     b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
-    from .bench import report as _report, run as _run
+    from .bench import report as _report
+    from .bench import run as _run
 
-    d = sub.add_parser("diff", help="show the one idea between two rungs (default: RUNG and the rung above)")
-    d.add_argument("lower", type=int)
-    d.add_argument("upper", type=int, nargs="?")
-    _run.add_arguments(sub.add_parser("bench", help="time every rung and peer on the H200 (needs a Hopper GPU)"))
-    _report.add_arguments(sub.add_parser("report", help="README results table + chart from a results JSON"))
+    d = sub.add_parser(
+        "diff",
+        help="show the one idea between two rungs (default: RUNG and the rung above)",
+        description="Show what separates two rungs: the unified diff of their .cu files, then "
+        "the diff of their rungs.py entries (tile sizes, threads, shared memory, ...). "
+        "A summary with the .cu diff's size goes to stderr.",
+    )
+    d.add_argument("lower", type=int, metavar="RUNG", help="the rung to diff from")
+    d.add_argument(
+        "upper",
+        type=int,
+        nargs="?",
+        metavar="UPPER",
+        help="the rung to diff to (default: RUNG + 1, the rung that adds one idea to RUNG)",
+    )
+    _run.add_arguments(
+        sub.add_parser(
+            "bench", help="time every rung and peer on the H200 (needs a Hopper GPU)", description=_run.DESCRIPTION
+        )
+    )
+    _report.add_arguments(
+        sub.add_parser(
+            "report", help="README results table + chart from a results JSON", description=_report.DESCRIPTION
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 
-    if args.cmd == "diff" and args.upper is None:
+    top = max(rungs.BY_NUMBER)
+    if args.cmd == "diff" and args.upper is None and args.lower in rungs.BY_NUMBER:
+        if args.lower == top:
+            p.error(f"rung {top} is the top rung: there is no rung above it (try: diff {top - 1} {top})")
         args.upper = args.lower + 1  # the rung above: the one idea it adds
     asked = (args.rung or []) if args.cmd == "build" else [args.lower, args.upper] if args.cmd == "diff" else []
     for n in asked:
-        if n not in rungs.BY_NUMBER:
-            p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{max(rungs.BY_NUMBER)}")
-    return {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd](args)
+        if n is not None and n not in rungs.BY_NUMBER:
+            p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{top} ({top} is the top rung)")
+    handler = {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd]
+    try:
+        rc = handler(args)
+        sys.stdout.flush()  # a closed pipe shows up here at the latest, not in the interpreter's exit
+        return rc
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
 
 
 if __name__ == "__main__":

@@ -14,11 +14,8 @@ _INT32_MAX = 2**31 - 1
 _MAX_ABS_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 
 
-def hopper_available(device=None) -> tuple:
-    """Return ``(ok, reason)``: whether a Hopper GPU (compute capability 9.0) is usable by this process.
-
-    ``reason`` is a one-line explanation when ``ok`` is False. Never raises.
-    """
+def _hopper_check(device=None) -> tuple:
+    """``(ok, reason)``: whether a Hopper GPU (compute capability 9.0) is usable; never raises."""
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a hard dependency
@@ -38,6 +35,21 @@ def hopper_available(device=None) -> tuple:
     return True, ""
 
 
+def hopper_available(device=None) -> bool:
+    """``True`` when a Hopper GPU (compute capability 9.0) is usable by this process. Never raises.
+
+    ``device`` defaults to torch's current CUDA device. :func:`hopper_unavailable_reason` says why not.
+    """
+    return _hopper_check(device)[0]
+
+
+def hopper_unavailable_reason(device=None) -> str | None:
+    """Why :func:`hopper_available` is ``False``, as one line (e.g. no GPU visible, or its compute
+    capability); ``None`` when a Hopper GPU is usable. Never raises."""
+    ok, why = _hopper_check(device)
+    return None if ok else why
+
+
 def _validate(q, k, v, scale, rung):
     import torch
 
@@ -45,14 +57,15 @@ def _validate(q, k, v, scale, rung):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.layout != torch.strided or t.is_nested:
-            raise ValueError(f"{name} has layout {'nested' if t.is_nested else t.layout}; attnclimb supports dense "
-                             "(torch.strided) tensors only")
+            raise ValueError(
+                f"{name} has layout {'nested' if t.is_nested else t.layout}; attnclimb supports dense "
+                "(torch.strided) tensors only"
+            )
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} has dtype {t.dtype}; attnclimb supports torch.bfloat16 only")
         if t.dim() != 4:
             raise ValueError(
-                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: "
-                "(batch, heads, seqlen, head_dim)"
+                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: (batch, heads, seqlen, head_dim)"
             )
         if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} has head_dim {t.shape[-1]}; supported head_dim: {SUPPORTED_HEAD_DIMS}")
@@ -92,8 +105,8 @@ def _validate(q, k, v, scale, rung):
             raise ValueError(f"{name} is on {t.device}; attnclimb runs on a CUDA (Hopper) device")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    ok, why = hopper_available(q.device)
-    if not ok:
+    why = hopper_unavailable_reason(q.device)
+    if why is not None:
         raise ValueError(f"cannot run attnclimb kernels: {why}")
     if rung_obj.abi == "unfused":
         need = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
@@ -147,8 +160,9 @@ def attention(q, k, v, *, scale=None, rung=None):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     # The kernels use 16-byte vector loads and TMA, which need 16-byte aligned bases: a contiguous view
     # with an odd storage offset is copied.
-    q, k, v = (t.contiguous() if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-               for t in (q, k, v))
+    q, k, v = (
+        t.contiguous() if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v)
+    )
     o = torch.empty_like(q)
     from .runtime.launch import run_rung
 

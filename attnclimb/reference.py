@@ -98,14 +98,14 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
     out = torch.empty(b, h, sq, d, dtype=f32)
     lse = torch.empty(b, h, sq, dtype=torch.float64)
     for m0 in range(0, sq, block_m):
-        qt = q[:, :, m0:m0 + block_m]
+        qt = q[:, :, m0 : m0 + block_m]
         rows = qt.shape[2]
         m = torch.full((b, h, rows, 1), ROW_MAX_INIT, dtype=f32)
         err = torch.zeros((b, h, rows, 1), dtype=f32)
         l = torch.zeros((b, h, rows, 1), dtype=f32)
         acc = torch.zeros((b, h, rows, d), dtype=f32)
         for n0 in range(0, sk, block_n):
-            kt, vt = k[:, :, n0:n0 + block_n], v[:, :, n0:n0 + block_n]
+            kt, vt = k[:, :, n0 : n0 + block_n], v[:, :, n0 : n0 + block_n]
             s = torch.matmul(qt, kt.transpose(-1, -2)).to(f32)  # fp32 scores (exact for exact-score inputs)
             if kt.shape[2] < block_n:  # the last tile: keys past seqlen_k are -inf
                 s = torch.cat([s, s.new_full((b, h, rows, block_n - kt.shape[2]), -math.inf)], dim=-1)
@@ -118,14 +118,15 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
             acc = acc * alpha + pv
             m = m_new
         inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-        out[:, :, m0:m0 + rows] = acc * inv_l
+        out[:, :, m0 : m0 + rows] = acc * inv_l
         ref = m.double() * c.double() - err.double()  # R in units of c, float64
-        lse[:, :, m0:m0 + rows] = ((ref + torch.log2(l.double())) / LOG2E).squeeze(-1)
+        lse[:, :, m0 : m0 + rows] = ((ref + torch.log2(l.double())) / LOG2E).squeeze(-1)
     return (out, lse) if return_lse else out
 
 
-def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, dtype=torch.float64,
-                    return_lse=False, kernel_fp32=False):
+def attention_tiled(
+    q, k, v, scale=None, block_m=128, block_n=64, base2=False, dtype=torch.float64, return_lse=False, kernel_fp32=False
+):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
     Tiles past ``seqlen_k`` are padded with zeros and their scores masked to ``-inf`` exactly as the
@@ -161,13 +162,13 @@ def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, d
     c = scale * LOG2E if base2 else scale
     exp = torch.exp2 if base2 else torch.exp
     for m0 in range(0, sq, block_m):
-        qt = q[:, :, m0:m0 + block_m]
+        qt = q[:, :, m0 : m0 + block_m]
         rows = qt.shape[2]
         m = torch.full((b, h, rows, 1), -math.inf, dtype=dtype)
         l = torch.zeros((b, h, rows, 1), dtype=dtype)
         acc = torch.zeros((b, h, rows, d), dtype=dtype)
         for n0 in range(0, n_tiles * block_n, block_n):
-            s = torch.matmul(qt, k[:, :, n0:n0 + block_n].transpose(-1, -2))  # raw scores
+            s = torch.matmul(qt, k[:, :, n0 : n0 + block_n].transpose(-1, -2))  # raw scores
             valid = torch.arange(n0, n0 + block_n) < sk
             s = s.masked_fill(~valid, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
@@ -175,10 +176,10 @@ def attention_tiled(q, k, v, scale=None, block_m=128, block_n=64, base2=False, d
             alpha = exp((m - m_new) * c)  # exp(-inf) = 0 on the first tile
             p = exp((s - m_new) * c)
             l = l * alpha + p.sum(dim=-1, keepdim=True)
-            acc = acc * alpha + torch.matmul(p, v[:, :, n0:n0 + block_n])
+            acc = acc * alpha + torch.matmul(p, v[:, :, n0 : n0 + block_n])
             m = m_new
-        out[:, :, m0:m0 + rows] = acc / l
-        lse[:, :, m0:m0 + rows] = (m * scale + torch.log(l)).squeeze(-1)
+        out[:, :, m0 : m0 + rows] = acc / l
+        lse[:, :, m0 : m0 + rows] = (m * scale + torch.log(l)).squeeze(-1)
     return (out, lse) if return_lse else out
 
 
@@ -196,8 +197,9 @@ def rel_l2(out, ref) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def far_offset_inputs(batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=128, ties=False, generator=None,
-                      device="cpu"):
+def far_offset_inputs(
+    batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=128, ties=False, generator=None, device="cpu"
+):
     """bf16 Q, K, V whose scores all sit near ``±127·2^log2_offset`` yet differ by a few units of softmax.
 
     The hostile input of issue 6, generalised to any magnitude: ``(batch, 2, seqlen, head_dim)`` tensors
@@ -221,7 +223,7 @@ def far_offset_inputs(batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=12
     c = abs(scale) * LOG2E if scale else LOG2E
     reach = int(min(64, max(1, round(4.0 / (unit * c)))))
     shape_q, shape_k = (batch, 2, seqlen_q, head_dim), (batch, 2, seqlen_k, head_dim)
-    kw = dict(dtype=torch.float64, device=device)
+    kw = {"dtype": torch.float64, "device": device}
     q = torch.full(shape_q, 2.0 ** (p - p // 2), **kw)
     k = torch.full(shape_k, 2.0 ** (p // 2), **kw)
     k[:, 1] *= -1

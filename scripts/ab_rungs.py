@@ -27,8 +27,11 @@ from attnclimb import rungs
 from attnclimb.reference import LOG2E, attention_exact, far_offset_inputs, rel_l2
 from attnclimb.runtime.launch import run_rung
 
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 def variants(specs, numbers):
@@ -58,13 +61,18 @@ def sdpa(q, k, v, scale, backend):
 
 def errors(impls, g):
     rows = []
-    cases = [("issue6 p=11", 11, False), ("|max*c|~2^26", 26, False), ("|max*c|~2^30", 30, False),
-             ("p=60 (ties)", 60, False), ("p=121 (fp32 limit)", 121, False)]
+    cases = [
+        ("issue6 p=11", 11, False),
+        ("|max*c|~2^26", 26, False),
+        ("|max*c|~2^30", 30, False),
+        ("p=60 (ties)", 60, False),
+        ("p=121 (fp32 limit)", 121, False),
+    ]
     for sk in (4096, 16384):
         for scale in (1.0, 1 / math.sqrt(128)):
             for name, p, ties in cases:
                 if name.startswith("|"):  # p from the target magnitude of max·c
-                    p = int(math.floor(p - math.log2(127 * scale * LOG2E)))
+                    p = math.floor(p - math.log2(127 * scale * LOG2E))
                 q, k, v = far_offset_inputs(1, 64, sk, p, scale, ties=ties, generator=g, device="cuda")
                 q, k, v = (t.contiguous() for t in (q, k, v))
                 ref = attention_exact(q, k, v, scale)
@@ -82,27 +90,41 @@ def errors(impls, g):
     return rows
 
 
+def _rotating_rung(rung, sets, outs, scale):
+    """A zero-argument call of ``rung`` on the next input set (inputs rotated beyond L2)."""
+    state = [0]
+
+    def fn():
+        i = state[0] = (state[0] + 1) % len(sets)
+        q, k, v = sets[i]
+        run_rung(rung, q, k, v, outs[i], scale)
+
+    return fn
+
+
+def _rotating_sdpa(sets, scale):
+    state = [0]
+
+    def fn():
+        i = state[0] = (state[0] + 1) % len(sets)
+        sdpa(*sets[i], scale, BACKENDS["cudnn"])
+
+    return fn
+
+
 def timings(impls, shapes, rounds=2):
     res = []
     for b, h, s in shapes:
         n_sets = max(3, math.ceil(2 * 60e6 / (3 * b * h * s * 128 * 2)) + 1)
-        sets = [tuple(torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                for _ in range(n_sets)]
+        sets = [
+            tuple(torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for _ in range(n_sets)
+        ]
         outs = [torch.empty_like(x[0]) for x in sets]
         flops = 4 * b * h * s * s * 128
         scale = 1 / math.sqrt(128)
-        fns = {}
-        for label, r in impls:
-            def fn(r=r, it=[0]):
-                i = it[0] = (it[0] + 1) % n_sets
-                q, k, v = sets[i]
-                run_rung(r, q, k, v, outs[i], scale)
-            fns[label] = fn
-
-        def cudnn(it=[0]):
-            i = it[0] = (it[0] + 1) % n_sets
-            sdpa(*sets[i], scale, BACKENDS["cudnn"])
-        fns["cudnn"] = cudnn
+        fns = {label: _rotating_rung(r, sets, outs, scale) for label, r in impls}
+        fns["cudnn"] = _rotating_sdpa(sets, scale)
         times = {k: [] for k in fns}
         for _ in range(rounds):
             for k, fn in fns.items():
@@ -139,14 +161,16 @@ def main():
     print("rel-L2 vs float64 (far-offset inputs, seqlen_q 64; head 0 +offset, head 1 -offset)")
     print(f"{'case':28s} {'sk':>6s} {'scale':>6s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
     for r in err:
-        print(f"{r['case']:28s} {r['seqlen_k']:6d} {r['scale']:6.3f} "
-              + " ".join(f"{r[x]:15.2e}" if r[x] is not None else f"{'-':>15s}" for x in labels))
+        print(
+            f"{r['case']:28s} {r['seqlen_k']:6d} {r['scale']:6.3f} "
+            + " ".join(f"{r[x]:15.2e}" if r[x] is not None else f"{'-':>15s}" for x in labels)
+        )
     if tim:
         labels = [lab for lab, _ in impls] + ["cudnn"]
         print("TFLOP/s (x cuDNN, same run)")
         print(f"{'shape':18s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
         for r in tim:
-            print(f"{str(r['shape']):18s} " + " ".join(f"{r[x]:7.0f} ({r[x] / r['cudnn']:.3f})" for x in labels))
+            print(f"{r['shape']!s:18s} " + " ".join(f"{r[x]:7.0f} ({r[x] / r['cudnn']:.3f})" for x in labels))
     for _, r in impls:
         if r is not rungs.get(r.number):
             r.source.unlink(missing_ok=True)

@@ -49,11 +49,13 @@ for ov in variants:
         res = []
         for p in problems:
             out = torch.empty(p.batch, p.heads, p.seqlen_q, p.head_dim, device="cuda", dtype=torch.bfloat16)
-            t = time_tflops(p, lambda q, k, v: run_rung(r, q, k, v, out, scale))
+            t = time_tflops(p, lambda q, k, v, r=r, out=out: run_rung(r, q, k, v, out, scale))
             res.append(f"{p.label}: {t:6.1f} ({t / cudnn[p.name]:.2f}x)")
         lr = loaded(r, 0)
         regs = [x.registers for x in lr.compiled.resources]
-        print(f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),
-              flush=True)
+        print(
+            f"{json.dumps(ov)} {defs} err={err:.2e} regs={regs} ctas/SM={lr.ctas_per_sm()} | " + "  ".join(res),
+            flush=True,
+        )
     except Exception as exc:
         print(f"{json.dumps(ov)} {defs} FAILED: {str(exc)[:300]}", flush=True)

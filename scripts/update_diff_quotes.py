@@ -9,7 +9,6 @@ import argparse
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from attnclimb import rungs
 
@@ -18,8 +17,12 @@ ROOT = rungs.KERNEL_DIR.parent.parent
 
 def stat_block(lower, upper) -> str:
     a, b = (str(r.source.relative_to(ROOT)) for r in (lower, upper))
-    res = subprocess.run(["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", a, b], cwd=ROOT,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", a, b],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 1:
         raise SystemExit(f"git diff failed: {res.stderr}")
     return f"$ git diff --no-index --stat {a} {b}\n{res.stdout.rstrip()}\n"
@@ -36,7 +39,8 @@ def main() -> int:
         pat = re.compile(r"\$ git diff --no-index --stat \S+ \S+\n(?: .*\n){2}")
         if not pat.search(text):
             raise SystemExit(f"{page}: no quoted diff stat block")
-        new = pat.sub(lambda _: stat_block(lower, upper), text, count=1)
+        block = stat_block(lower, upper)
+        new = pat.sub(lambda _, block=block: block, text, count=1)
         if new != text:
             stale.append(str(page.relative_to(ROOT)))
             if not args.check:

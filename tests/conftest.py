@@ -1,18 +1,19 @@
 import pytest
 
 
-def _hopper():
+def _hopper_unavailable_reason():
+    """``None`` when a Hopper GPU is usable, else why not."""
     try:
-        from attnclimb import hopper_available
+        from attnclimb import hopper_unavailable_reason
 
-        return hopper_available()
+        return hopper_unavailable_reason()
     except Exception as exc:  # import problems must surface in the CPU tests, not here
-        return False, f"attnclimb import failed: {exc}"
+        return f"attnclimb import failed: {exc}"
 
 
 def pytest_collection_modifyitems(config, items):
-    ok, why = _hopper()
-    if ok:
+    why = _hopper_unavailable_reason()
+    if why is None:
         return
     skip = pytest.mark.skip(reason=f"needs a Hopper GPU: {why}")
     for item in items:

@@ -14,12 +14,12 @@ def _t(*shape, dtype=torch.bfloat16, device="cpu"):
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match="float16.*bfloat16"):
+    with pytest.raises(TypeError, match=r"float16.*bfloat16"):
         attnclimb.attention(_t(1, 1, 4, 128, dtype=torch.float16), _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
 def test_not_a_tensor():
-    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"must be a torch\.Tensor"):
         attnclimb.attention([1, 2], _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
@@ -61,9 +61,18 @@ def test_cpu_tensors_refused():
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128))
 
 
-@pytest.mark.parametrize("scale,exc", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError),
-                                       (10**400, ValueError), (1e39, ValueError), (-float("inf"), ValueError),
-                                       (1 + 2j, TypeError)])
+@pytest.mark.parametrize(
+    "scale,exc",
+    [
+        ("0.1", TypeError),
+        (float("nan"), ValueError),
+        (True, TypeError),
+        (10**400, ValueError),
+        (1e39, ValueError),
+        (-float("inf"), ValueError),
+        (1 + 2j, TypeError),
+    ],
+)
 def test_bad_scale(scale, exc):
     with pytest.raises(exc, match="scale"):
         attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=scale)
@@ -80,8 +89,9 @@ def test_numpy_scalars_pass_scale_and_rung_checks():
 
     # accepted types get as far as the device check (CPU tensors), not a TypeError
     with pytest.raises(ValueError, match="CUDA"):
-        attnclimb.attention(_t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=np.float32(0.1),
-                            rung=np.int64(2))
+        attnclimb.attention(
+            _t(1, 1, 4, 128), _t(1, 1, 4, 128), _t(1, 1, 4, 128), scale=np.float32(0.1), rung=np.int64(2)
+        )
 
 
 def test_sparse_and_nested_refused():
@@ -109,11 +119,23 @@ def test_build_rejects_unknown_rung(capsys):
     assert exc.value.code == 2 and "unknown rung 99" in capsys.readouterr().err
 
 
-def test_hopper_available_says_why_without_gpu():
+def test_hopper_available_is_a_bool_and_the_reason_is_separate():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    ok, why = attnclimb.hopper_available()
-    assert ok is False and "GPU" in why
+    assert attnclimb.hopper_available() is False  # a bool: `if attnclimb.hopper_available():` means what it says
+    assert attnclimb.hopper_available("cuda:0") is False
+    why = attnclimb.hopper_unavailable_reason()
+    assert isinstance(why, str) and "GPU" in why
+
+
+def test_hopper_available_agrees_with_the_reason(monkeypatch):
+    from attnclimb import api
+
+    monkeypatch.setattr(api, "_hopper_check", lambda device=None: (True, ""))
+    assert attnclimb.hopper_available() is True and attnclimb.hopper_unavailable_reason() is None
+    monkeypatch.setattr(api, "_hopper_check", lambda device=None: (False, "an Ampere GPU"))
+    assert attnclimb.hopper_available() is False
+    assert attnclimb.hopper_unavailable_reason() == "an Ampere GPU"
 
 
 def test_ladder_is_contiguous_and_files_exist():
@@ -135,8 +157,11 @@ def test_rung_pages_quote_the_real_diff_size():
         pytest.skip("git not installed")
     root = rungs.KERNEL_DIR.parent.parent
     for lower, upper in zip(rungs.RUNGS, rungs.RUNGS[1:]):
-        res = subprocess.run(["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", str(lower.source),
-                              str(upper.source)], capture_output=True, text=True)
+        res = subprocess.run(
+            ["git", "diff", "--no-index", "--stat", "--diff-algorithm=myers", str(lower.source), str(upper.source)],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 1 and res.stdout.strip(), f"git diff failed: {res.stderr}"
         summary = res.stdout.strip().splitlines()[-1].strip()  # "1 file changed, N insertions(+), M deletions(-)"
         page = (root / upper.page).read_text()
@@ -148,10 +173,14 @@ def test_diff_command_shows_neighbours(capsys):
 
     assert main(["diff", "3"]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("--- ") and "03_cp_async.cu" in out.splitlines()[0]
-    assert "04_fast_softmax.cu" in out.splitlines()[1]
-    quoted = re.search(r"(\d+ insertions\(\+\), \d+ deletions\(-\))", (rungs.KERNEL_DIR.parent.parent / rungs.get(4).page).read_text())
+    assert out.splitlines()[:2] == [
+        "--- a/attnclimb/kernels/03_cp_async.cu",
+        "+++ b/attnclimb/kernels/04_fast_softmax.cu",
+    ]
+    page = (rungs.KERNEL_DIR.parent.parent / rungs.get(4).page).read_text()
+    quoted = re.search(r"(\d+ insertions\(\+\), \d+ deletions\(-\))", page)
     assert "rung03 -> rung04" in err and quoted and quoted.group(1) in err  # as page 04 quotes
     with pytest.raises(SystemExit) as exc:
-        main(["diff", "8"])  # there is no rung 9 above the top: an argparse error, exit 2
-    assert exc.value.code == 2 and "unknown rung 9" in capsys.readouterr().err
+        main(["diff", "8"])  # nothing above the top rung: an argparse error, exit 2, that says so
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "rung 8 is the top rung" in err and "rung 9" not in err

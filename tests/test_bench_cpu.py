@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------ FLOPs
 
+
 def test_flop_formula():
     assert shapes.attention_flops(4, 16, 4096, 4096, 128) == 4 * 4 * 16 * 4096 * 4096 * 128
     assert shapes.attention_flops(4, 16, 4096, 4096, 128, causal=True) == 2 * 4 * 16 * 4096 * 4096 * 128
@@ -33,6 +34,7 @@ def test_flop_formula():
 
 # ----------------------------------------------------------------------------------------- shapes
 
+
 def test_default_shapes():
     sh = shapes.default_shapes()
     fa = [s for s in sh if s.name.startswith("fa-")]
@@ -42,8 +44,14 @@ def test_default_shapes():
         assert (s.heads, s.head_dim, s.causal, s.seqlen_k) == (16, 128, False, s.seqlen_q)
         assert s.headline == (s.seqlen_q in (4096, 8192, 16384))
     wan = sh[-1]
-    assert (wan.batch, wan.heads, wan.seqlen_q, wan.seqlen_k, wan.head_dim, wan.causal) == (1, 12, 32760, 32760,
-                                                                                             128, False)
+    assert (wan.batch, wan.heads, wan.seqlen_q, wan.seqlen_k, wan.head_dim, wan.causal) == (
+        1,
+        12,
+        32760,
+        32760,
+        128,
+        False,
+    )
     assert 21 * (480 // 16) * (832 // 16) == wan.seqlen_q  # 21 latent frames x 30 x 52 patches
     assert [s.label for s in fa] == ["1k", "2k", "4k", "8k", "16k"]
     assert len({s.name for s in sh}) == len(sh)
@@ -101,16 +109,16 @@ def test_rel_l2_and_reference_on_cpu():
 
 # --------------------------------------------------------------------------------------- impls
 
+
 def test_impl_selection():
-    keys = lambda impls: [i.key for i in impls]  # noqa: E731
+    keys = lambda impls: [i.key for i in impls]
     all_keys = [r.key for r in RUNGS] + list(peers.PEER_KEYS)
     assert keys(peers.select_impls()) == all_keys
     assert keys(peers.select_impls("0,1")) == ["rung00", "rung01", *peers.PEER_KEYS]
     assert keys(peers.select_impls(None, "sdpa_cudnn,fa4")) == ["sdpa_cudnn", "fa4"]
     assert keys(peers.select_impls("1", "fa4,sdpa_cudnn")) == ["rung01", "sdpa_cudnn", "fa4"]
     assert keys(peers.select_impls("rung1,00", "rung2")) == ["rung00", "rung01"]
-    assert keys(peers.select_impls(None, "rung00,sdpa")) == ["rung00", "sdpa_cudnn", "sdpa_flash",
-                                                              "sdpa_efficient"]
+    assert keys(peers.select_impls(None, "rung00,sdpa")) == ["rung00", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
     with pytest.raises(ValueError):
         peers.select_impls("999")
     with pytest.raises(ValueError):
@@ -133,6 +141,7 @@ def test_slow_rungs_skip_big_shapes():
 
 # ---------------------------------------------------------------------------------- rows / JSON
 
+
 def _synthetic_doc():
     sh = [shapes.fa_shape(4096), shapes.fa_shape(8192), shapes.WAN_SHAPE]
     tf = {"rung02": 300.0, "rung04": 450.0, "sdpa_cudnn": 600.0, "sdpa_flash": 340.0, "fa4": 660.0}
@@ -143,24 +152,53 @@ def _synthetic_doc():
             if impl == "rung02" and s.name == "fa-8k":
                 rows.append(run.make_row(impl, s, "error: wrong result (rel_l2 2.0e-01 > 0.01)", label=label))
             elif impl == "rung02" and s is shapes.WAN_SHAPE:
-                rows.append(run.make_row(impl, s, "skipped: too slow for seqlen > 8192 (max_bench_seqlen)",
-                                         label=label))
+                rows.append(
+                    run.make_row(impl, s, "skipped: too slow for seqlen > 8192 (max_bench_seqlen)", label=label)
+                )
             else:
                 ms = s.flops / (t * 1e12) * 1e3
                 rows.append(run.make_row(impl, s, "ok", ms=ms, label=label, rel_l2=2.5e-3))
-    env = {"device": "NVIDIA H200", "driver_version": "580.95.05", "torch_version": "2.11.0+cu130",
-           "cuda_version": "13.0", "cudnn_version": 91900, "commit": "0123456789abcdef0123" + "0" * 20 + "-dirty",
-           "date": "2026-11-30T12:34:56+00:00", "gpu_clocks": {"start": None, "end": None}}
+    env = {
+        "device": "NVIDIA H200",
+        "driver_version": "580.95.05",
+        "torch_version": "2.11.0+cu130",
+        "cuda_version": "13.0",
+        "cudnn_version": 91900,
+        "commit": "0123456789abcdef0123" + "0" * 20 + "-dirty",
+        "date": "2026-11-30T12:34:56+00:00",
+        "gpu_clocks": {"start": None, "end": None},
+    }
     return run.build_results(env, rows, sh, {"warmup_ms": 50, "rep_ms": 200}, ["fa4 skipped: test"])
 
 
 def test_json_row_schema_and_ratios(tmp_path):
     doc = _synthetic_doc()
-    for k in ("device", "driver_version", "torch_version", "cudnn_version", "cuda_version", "commit", "date",
-              "gpu_clocks", "rows", "shapes"):
+    for k in (
+        "device",
+        "driver_version",
+        "torch_version",
+        "cudnn_version",
+        "cuda_version",
+        "commit",
+        "date",
+        "gpu_clocks",
+        "rows",
+        "shapes",
+    ):
         assert k in doc
-    required = {"impl", "batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "causal", "ms", "tflops",
-                "ratio_to_cudnn", "status"}
+    required = {
+        "impl",
+        "batch",
+        "heads",
+        "seqlen_q",
+        "seqlen_k",
+        "head_dim",
+        "causal",
+        "ms",
+        "tflops",
+        "ratio_to_cudnn",
+        "status",
+    }
     for r in doc["rows"]:
         assert required <= set(r)
         assert set(r) == set(run.ROW_FIELDS)
@@ -176,7 +214,13 @@ def test_json_row_schema_and_ratios(tmp_path):
     assert by[("sdpa_cudnn", "fa-8k")]["ratio_to_cudnn"] == 1.0
     w = by[("rung04", "wan2.1-1.3b-480p")]
     assert (w["batch"], w["heads"], w["seqlen_q"], w["seqlen_k"], w["head_dim"], w["causal"]) == (
-        1, 12, 32760, 32760, 128, False)
+        1,
+        12,
+        32760,
+        32760,
+        128,
+        False,
+    )
     assert w["ms"] == pytest.approx(shapes.WAN_SHAPE.flops / 450e12 * 1e3, rel=1e-4)
 
     when = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
@@ -201,12 +245,15 @@ def test_row_validation_and_missing_cudnn():
 
 # --------------------------------------------------------------------------------------- report
 
+
 def test_markdown_table_content():
     doc = _synthetic_doc()
     md = report.markdown_table(doc)
     lines = md.splitlines()
-    assert lines[0] == ("_NVIDIA H200 · driver 580.95.05 · torch 2.11.0+cu130 · CUDA 13.0 · cuDNN 9.19.0 · "
-                        "commit 0123456789ab-dirty · 2026-11-30T12:34:56+00:00_")
+    assert lines[0] == (
+        "_NVIDIA H200 · driver 580.95.05 · torch 2.11.0+cu130 · CUDA 13.0 · cuDNN 9.19.0 · "
+        "commit 0123456789ab-dirty · 2026-11-30T12:34:56+00:00_"
+    )
     header = next(line for line in lines if line.startswith("| impl"))
     assert header == "| impl | 4k | 8k | Wan2.1-1.3B 480p (B1 H12 S32760) |"
     body = [line for line in lines if line.startswith("| ") and not line.startswith("| impl")]
@@ -231,22 +278,22 @@ def test_readme_replacement_between_markers(tmp_path):
     after = report.MARK_END + "\n\n![chart](x.png)\ntrailing <!-- results:end --> text\n"
     readme = tmp_path / "README.md"
     readme.write_text(before + "old table\nline 2\n" + after)
-    assert report.update_readme(readme, block)
+    assert report.update_readme(readme, block) == "updated"
     assert readme.read_text() == before + block + "\n" + after
-    assert report.update_readme(readme, block)  # idempotent
+    assert report.update_readme(readme, block) == "unchanged"  # idempotent
     assert readme.read_text() == before + block + "\n" + after
 
     plain = tmp_path / "NOMARK.md"
     plain.write_text("# no markers here\n")
-    assert not report.update_readme(plain, block)
+    assert report.update_readme(plain, block) is None
     assert plain.read_text() == "# no markers here\n"
-    assert not report.update_readme(tmp_path / "missing.md", block)
+    assert report.update_readme(tmp_path / "missing.md", block) is None
     assert report.replace_between_markers(report.MARK_END + " x " + report.MARK_BEGIN, "t") is None
 
 
 def test_report_cli(tmp_path):
     doc = _synthetic_doc()
-    stamped, latest = run.write_results(doc, tmp_path)
+    _, latest = run.write_results(doc, tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text(f"a\n{report.MARK_BEGIN}\n{report.MARK_END}\nb\n")
     from attnclimb.__main__ import main
@@ -256,6 +303,55 @@ def test_report_cli(tmp_path):
     assert text.startswith(f"a\n{report.MARK_BEGIN}\n_NVIDIA H200") and text.endswith(f"{report.MARK_END}\nb\n")
     assert "| 04 fast_softmax | 450 (0.75×)" in text
     assert main(["report", str(tmp_path / "nope.json"), "--readme", str(readme), "--no-chart"]) == 1
+
+
+def test_report_says_unchanged_and_leaves_the_readme_alone(tmp_path, capsys):
+    _, latest = run.write_results(_synthetic_doc(), tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{report.MARK_BEGIN}\nold\n{report.MARK_END}\nb\n")
+    from attnclimb.__main__ import main
+
+    args = ["report", str(latest), "--readme", str(readme), "--no-chart"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith("updated ")
+    os.utime(readme, (1_000_000_000, 1_000_000_000))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "unchanged" in out and "updated" not in out
+    assert readme.stat().st_mtime == 1_000_000_000  # not rewritten
+
+
+def test_report_and_bench_agree_on_the_results_folder_when_installed(tmp_path):
+    """Installed without -e (no checkout above the package): both use ./benchmarks/results."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(REPO / "attnclimb", site / "attnclimb", ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    run.write_results(_synthetic_doc(), work / "benchmarks" / "results")
+    env = dict(os.environ, PYTHONPATH=str(site), COLUMNS="1000")  # COLUMNS: argparse does not wrap the paths
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "attnclimb", *args], cwd=work, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    results = work / "benchmarks" / "results"
+    bench_help, report_help = cli("bench", "--help").stdout, cli("report", "--help").stdout
+    assert f"(default: {results}," in bench_help
+    assert f"(default: {results / 'latest.json'}," in report_help
+    p = cli("report", "--no-chart")  # reads ./benchmarks/results/latest.json, where bench writes it
+    assert p.returncode == 0, p.stderr
+    assert "the table:" in p.stdout and "| 04 fast_softmax | 450 (0.75×)" in p.stdout
+    assert not (site / "benchmarks").exists() and not (tmp_path / "README.md").exists()
+
+
+def test_results_folder_in_a_checkout():
+    from attnclimb.bench import paths
+
+    assert paths.in_checkout()
+    assert paths.results_dir() == REPO / "benchmarks" / "results"
+    assert paths.default_readme() == REPO / "README.md"
 
 
 def test_label_spreading():
@@ -277,13 +373,20 @@ def test_chart_written(tmp_path):
 
 # ------------------------------------------------------------------------------------- no Hopper
 
+
 def test_bench_without_hopper_exits_2(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("a Hopper GPU is present")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "attnclimb", "bench", "--out", str(tmp_path)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "attnclimb", "bench", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     out = (p.stdout + p.stderr).strip().splitlines()
     assert len(out) == 1, out
@@ -292,6 +395,7 @@ def test_bench_without_hopper_exits_2(tmp_path):
 
 
 # ------------------------------------------------------------------------ the bench loop, on CPU
+
 
 class _Quiet:
     def describe(self, text):
@@ -331,12 +435,19 @@ def _fake_impls(torch):
             def fn(q, k, v, causal=False):
                 o = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)))
                 return o.transpose(1, 2).bfloat16(), None
+
             self._fn = fn
             return True, ""
 
-    return [Good("rung07", "07 good", "rung"), Good("rung08", "08 small", "rung", max_bench_seqlen=64),
-            Wrong("rung09", "09 wrong", "rung"), Boom("rung10", "10 boom", "rung"), Away("rung11", "11 away", "rung"),
-            Good("sdpa_cudnn", "SDPA cuDNN", "peer"), Bshd()]
+    return [
+        Good("rung07", "07 good", "rung"),
+        Good("rung08", "08 small", "rung", max_bench_seqlen=64),
+        Wrong("rung09", "09 wrong", "rung"),
+        Boom("rung10", "10 boom", "rung"),
+        Away("rung11", "11 away", "rung"),
+        Good("sdpa_cudnn", "SDPA cuDNN", "peer"),
+        Bshd(),
+    ]
 
 
 def test_bench_loop_on_cpu(monkeypatch):
@@ -356,6 +467,7 @@ def test_bench_loop_on_cpu(monkeypatch):
         def spy(p):
             seen.append(next(i for i, x in enumerate(prepared) if x is p))
             return call(p)
+
         return orig_rotating(spy, prepared)
 
     monkeypatch.setattr(timing, "rotating", spy_rotating)
@@ -383,13 +495,18 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     torch = pytest.importorskip("torch")
     import functools
 
-    monkeypatch.setattr(run, "hopper_status", lambda: (True, ""))
-    monkeypatch.setattr(run, "collect_env", lambda when=None: {"device": "NVIDIA H200", "commit": "abc", "date": "d",
-                                                     "gpu_clocks": {"start": None}})
+    monkeypatch.setattr(run, "hopper_status", lambda: None)
+    monkeypatch.setattr(
+        run,
+        "collect_env",
+        lambda when=None: {"device": "NVIDIA H200", "commit": "abc", "date": "d", "gpu_clocks": {"start": None}},
+    )
     monkeypatch.setattr(run, "gpu_clocks", lambda: None)
     monkeypatch.setattr(timing, "median_ms", lambda fn, w, r: (fn(), 1.5)[1])
-    tiny = [shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True), shapes.Shape("fa-8k", "8k", 1, 2, 80, 80,
-                                                                                    headline=True)]
+    tiny = [
+        shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True),
+        shapes.Shape("fa-8k", "8k", 1, 2, 80, 80, headline=True),
+    ]
     monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False: tiny)
     fakes = _fake_impls(torch)
     monkeypatch.setattr(run.peers_mod, "select_impls", lambda r, i: fakes)
@@ -407,6 +524,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     assert {r["impl"] for r in doc["rows"]} == {i.key for i in fakes}
     try:
         import matplotlib  # noqa: F401
+
         assert "ladder.png" in names
     except ImportError:
         pass
@@ -426,7 +544,9 @@ def test_rung_page_measured_block(tmp_path):
     page4.write_text(page.read_text())
     assert report.update_rung_pages(doc, {4: page4}) == [page4]
     text = page4.read_text()
-    assert text.startswith("# rung 3\nintro\n<!-- measured:begin -->\n") and text.endswith("<!-- measured:end -->\ntail\n")
+    assert text.startswith("# rung 3\nintro\n<!-- measured:begin -->\n") and text.endswith(
+        "<!-- measured:end -->\ntail\n"
+    )
     assert "old" not in text
     # rung 4 at 450 vs cuDNN 600 -> 0.75x; the rung below (3) is absent -> no gain figure
     assert "| **this rung 4** | 450 (0.75×)" in text
@@ -435,8 +555,15 @@ def test_rung_page_measured_block(tmp_path):
     assert "| **this rung 2** | 300 (0.50×) | error | skipped |" in block
 
 
-@pytest.mark.parametrize("doc", [{"rows": []}, {"rows": [1]}, {"rows": [{"impl": "x", "shape": "s"}]},
-                                 {"rows": [{"impl": "x", "shape": "s", "status": "ok", "ms": 1, "tflops": "fast"}]}])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"rows": []},
+        {"rows": [1]},
+        {"rows": [{"impl": "x", "shape": "s"}]},
+        {"rows": [{"impl": "x", "shape": "s", "status": "ok", "ms": 1, "tflops": "fast"}]},
+    ],
+)
 def test_report_refuses_malformed_results(tmp_path, doc):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))

@@ -92,7 +92,13 @@ ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loa
 ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
 """
     (res,) = parse_ptxas_log(log)
-    assert (res.kernel, res.registers, res.static_smem, res.stack_frame, res.spill_bytes) == ("attn_fwd", 168, 1024, 8, 8)
+    assert (res.kernel, res.registers, res.static_smem, res.stack_frame, res.spill_bytes) == (
+        "attn_fwd",
+        168,
+        1024,
+        8,
+        8,
+    )
 
 
 def test_damaged_or_unwritable_cache_is_survived(tmp_path, monkeypatch):
@@ -120,7 +126,7 @@ def test_edited_kernel_is_never_served_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs, "KERNEL_DIR", src)
     r = rungs.get(1)
     assert r.source.parent == src
-    first = compile_rung(r)
+    compile_rung(r)
     assert compile_rung(r).cached
     (src / "01_online_softmax.cu").write_text(r.source.read_text() + "\n// one more line\n")
     assert not compile_rung(r).cached
@@ -154,6 +160,9 @@ def test_resources_from_cubin_match_ptxas_report(compiled):
         by_name = {r.kernel: r for r in resource_usage(c.cubin)}
         for res in c.resources:
             alt = by_name[res.kernel]
-            assert (alt.registers, alt.static_smem, alt.stack_frame) == (res.registers, res.static_smem,
-                                                                          res.stack_frame), key
+            assert (alt.registers, alt.static_smem, alt.stack_frame) == (
+                res.registers,
+                res.static_smem,
+                res.stack_frame,
+            ), key
             assert alt.spill_bytes == 0 and res.spill_bytes == 0

@@ -71,11 +71,11 @@ def run_checked(rung, q, k, v, scale=None):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     guard = 4096
     buf = torch.full((q.numel() + guard,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    buf[q.numel():] = 1234.0
+    buf[q.numel() :] = 1234.0
     out = buf[: q.numel()].view(q.shape)
     run_rung(rung, q, k, v, out, scale)
     torch.cuda.synchronize()
-    assert (buf[q.numel():] == 1234.0).all(), "kernel wrote past the end of O"
+    assert (buf[q.numel() :] == 1234.0).all(), "kernel wrote past the end of O"
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements unwritten or NaN"
     assert torch.isfinite(out).all(), "output has inf"
     err = rel_l2(out, attention_exact(q, k, v, scale))
@@ -87,9 +87,19 @@ def _record(rung, shape, kind, err):
 
 
 SHAPES = [
-    (1, 2, 1, 1), (1, 2, 127, 127), (1, 2, 128, 128), (1, 2, 129, 129), (2, 3, 1000, 1000),
-    (1, 2, 4096, 4096), (1, 2, 129, 1000), (1, 3, 1000, 129), (2, 2, 1, 4096), (1, 2, 300, 1),
-    (1, 1, 64, 65), (1, 1, 200, 176), (1, 1, 177, 353),
+    (1, 2, 1, 1),
+    (1, 2, 127, 127),
+    (1, 2, 128, 128),
+    (1, 2, 129, 129),
+    (2, 3, 1000, 1000),
+    (1, 2, 4096, 4096),
+    (1, 2, 129, 1000),
+    (1, 3, 1000, 129),
+    (2, 2, 1, 4096),
+    (1, 2, 300, 1),
+    (1, 1, 64, 65),
+    (1, 1, 200, 176),
+    (1, 1, 177, 353),
 ]
 
 
@@ -128,7 +138,7 @@ def test_rung_any_finite_scale(key, scale):
 
 def _log2_offset_for(scale, log2_mc):
     """The largest p whose largest scores 127·2^p·scale·log2(e) stay under 2^log2_mc."""
-    return int(math.floor(log2_mc - math.log2(127 * scale * LOG2E)))
+    return math.floor(log2_mc - math.log2(127 * scale * LOG2E))
 
 
 def _sdpa_cudnn_error(q, k, v, scale, ref):
@@ -174,8 +184,15 @@ def test_rung_far_offset_logits(key, case, seqlen_k, scale):
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, err = run_checked(rung, q, k, v, scale=sc)
     ref_cudnn = _sdpa_cudnn_error(q, k, v, sc, attention_exact(q, k, v, sc))
-    ERRORS.append({"rung": rung.key, "shape": [1, 2, 64, seqlen_k], "kind": f"offset:{case}:scale={sc:.4g}",
-                   "rel_l2": err, "cudnn_rel_l2": ref_cudnn})
+    ERRORS.append(
+        {
+            "rung": rung.key,
+            "shape": [1, 2, 64, seqlen_k],
+            "kind": f"offset:{case}:scale={sc:.4g}",
+            "rel_l2": err,
+            "cudnn_rel_l2": ref_cudnn,
+        }
+    )
     assert err <= TOL, f"{key} {case} sk={seqlen_k} scale={sc}: rel L2 {err:.3e} (cuDNN {ref_cudnn})"
     if ref_cudnn is not None and math.isfinite(ref_cudnn):
         assert err <= 1.25 * ref_cudnn + 1e-3, f"{key} {case}: rel L2 {err:.3e} vs cuDNN {ref_cudnn:.3e}"

@@ -70,8 +70,14 @@ def test_tiled_rejects_bad_blocks():
 
 
 @settings(max_examples=25, deadline=None)
-@given(sq=st.integers(1, 200), sk=st.integers(1, 200), bm=st.sampled_from([16, 64, 128]),
-       bn=st.sampled_from([16, 64, 176]), base2=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    sq=st.integers(1, 200),
+    sk=st.integers(1, 200),
+    bm=st.sampled_from([16, 64, 128]),
+    bn=st.sampled_from([16, 64, 176]),
+    base2=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_tiled_matches_exact_property(sq, sk, bm, bn, base2, seed):
     q, k, v = _qkv(1, 2, sq, sk, d=8, seed=seed, scale_logits=4.0)
     out = attention_tiled(q, k, v, block_m=bm, block_n=bn, base2=base2)
@@ -117,8 +123,13 @@ def test_kernel_model_far_offset_logits(seqlen_k, monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(p=st.integers(0, 121), scale=st.sampled_from([1.0, INV_SQRT_D, 0.3, 7.5]), ties=st.booleans(),
-       block_n=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))
+@given(
+    p=st.integers(0, 121),
+    scale=st.sampled_from([1.0, INV_SQRT_D, 0.3, 7.5]),
+    ties=st.booleans(),
+    block_n=st.sampled_from([64, 128]),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_kernel_model_any_magnitude(p, scale, ties, block_n, seed):
     """Scores anywhere from 0 to the fp32 limit, both signs, on both sides of the slow-row bound."""
     q, k, v = far_offset_inputs(1, 4, 600, p, scale, ties=ties, generator=torch.Generator().manual_seed(seed))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 PEER_KEYS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "fa4")
 PEER_LABELS = {
@@ -68,8 +69,9 @@ class RungImpl(Impl):
     """One of our rungs through ``attnclimb.attention(q, k, v, rung=N)``."""
 
     def __init__(self, rung):
-        super().__init__(key=rung.key, label=f"{rung.number:02d} {rung.name}", kind="rung",
-                         max_bench_seqlen=rung.max_bench_seqlen)
+        super().__init__(
+            key=rung.key, label=f"{rung.number:02d} {rung.name}", kind="rung", max_bench_seqlen=rung.max_bench_seqlen
+        )
         self.number = rung.number
         self._fn = None
 
@@ -92,8 +94,11 @@ class RungImpl(Impl):
 class SdpaImpl(Impl):
     """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend."""
 
-    BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-                "sdpa_efficient": "EFFICIENT_ATTENTION"}
+    BACKENDS: ClassVar[dict] = {
+        "sdpa_cudnn": "CUDNN_ATTENTION",
+        "sdpa_flash": "FLASH_ATTENTION",
+        "sdpa_efficient": "EFFICIENT_ATTENTION",
+    }
 
     def __init__(self, key: str):
         super().__init__(key=key, label=PEER_LABELS[key], kind="peer")
@@ -113,10 +118,12 @@ class SdpaImpl(Impl):
 
     def context(self):
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         return sdpa_kernel(getattr(SDPBackend, self.backend_name))
 
     def call(self, prepared):
         import torch.nn.functional as F
+
         q, k, v = prepared
         return F.scaled_dot_product_attention(q, k, v)
 
@@ -213,8 +220,9 @@ def select_impls(rungs_spec: str | None = None, impls_spec: str | None = None, a
                     raise ValueError(f"unknown rung {n}; available: {sorted(by_num)}")
                 want_rungs.append(n)
             else:
-                raise ValueError(f"unknown impl {tok!r}; known: {', '.join([*by_key, *PEER_KEYS])}, "
-                                 "rungs, peers, sdpa, all")
+                raise ValueError(
+                    f"unknown impl {tok!r}; known: {', '.join([*by_key, *PEER_KEYS])}, rungs, peers, sdpa, all"
+                )
     if rungs_spec is not None:
         want_rungs = []
         for tok in (t.strip() for t in rungs_spec.split(",")):

@@ -20,17 +20,34 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import paths
 from . import peers as peers_mod
 from . import shapes as shapes_mod
 from .timing import REL_L2_TOL
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# In a checkout the results go beside the code (where the README's table is generated from); from an
-# installed package (no pyproject.toml above it) into ./benchmarks/results of the working directory.
-DEFAULT_OUT = (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / "benchmarks" / "results"
+DESCRIPTION = (
+    "Check and time every rung and every peer (SDPA backends, FlashAttention-4 when installed) on "
+    "the benchmark shapes; write a results JSON and the chart, then print the table. Needs a "
+    "Hopper GPU."
+)
+REPO_ROOT = paths.REPO_ROOT
 SCHEMA_VERSION = 1
-ROW_FIELDS = ("impl", "label", "shape", "batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
-              "ms", "tflops", "ratio_to_cudnn", "rel_l2", "status")
+ROW_FIELDS = (
+    "impl",
+    "label",
+    "shape",
+    "batch",
+    "heads",
+    "seqlen_q",
+    "seqlen_k",
+    "head_dim",
+    "causal",
+    "ms",
+    "tflops",
+    "ratio_to_cudnn",
+    "rel_l2",
+    "status",
+)
 DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 50.0, 200.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
 NO_HOPPER_EXIT = 2
@@ -38,8 +55,10 @@ NO_HOPPER_EXIT = 2
 
 # --------------------------------------------------------------------------------------------- rows / JSON
 
-def make_row(impl: str, shape, status: str = "ok", ms: float | None = None, label: str | None = None,
-             rel_l2: float | None = None) -> dict:
+
+def make_row(
+    impl: str, shape, status: str = "ok", ms: float | None = None, label: str | None = None, rel_l2: float | None = None
+) -> dict:
     """One result row (see :data:`ROW_FIELDS`); ``tflops`` is derived from ``ms`` for ``status == "ok"``.
 
     Args:
@@ -55,16 +74,24 @@ def make_row(impl: str, shape, status: str = "ok", ms: float | None = None, labe
             raise ValueError("an ok row needs ms")
         t = shapes_mod.tflops(shape.flops, ms)
     else:
-        if not (status.startswith("skipped: ") or status.startswith("error: ")):
+        if not status.startswith(("skipped: ", "error: ")):
             raise ValueError(f"status must be 'ok', 'skipped: ...' or 'error: ...', got {status!r}")
         ms, t = None, None
     return {
-        "impl": impl, "label": label or peers_mod.PEER_LABELS.get(impl, impl), "shape": shape.name,
-        "batch": shape.batch, "heads": shape.heads, "seqlen_q": shape.seqlen_q, "seqlen_k": shape.seqlen_k,
-        "head_dim": shape.head_dim, "causal": shape.causal,
-        "ms": None if ms is None else float(f"{ms:.6g}"), "tflops": None if t is None else float(f"{t:.6g}"),
-        "ratio_to_cudnn": None, "rel_l2": None if rel_l2 is None or rel_l2 != rel_l2 or rel_l2 == float("inf")
-        else float(f"{rel_l2:.3e}"), "status": status,
+        "impl": impl,
+        "label": label or peers_mod.PEER_LABELS.get(impl, impl),
+        "shape": shape.name,
+        "batch": shape.batch,
+        "heads": shape.heads,
+        "seqlen_q": shape.seqlen_q,
+        "seqlen_k": shape.seqlen_k,
+        "head_dim": shape.head_dim,
+        "causal": shape.causal,
+        "ms": None if ms is None else float(f"{ms:.6g}"),
+        "tflops": None if t is None else float(f"{t:.6g}"),
+        "ratio_to_cudnn": None,
+        "rel_l2": None if rel_l2 is None or rel_l2 != rel_l2 or rel_l2 == float("inf") else float(f"{rel_l2:.3e}"),
+        "status": status,
     }
 
 
@@ -80,15 +107,25 @@ def fill_ratios(rows: list, reference: str = peers_mod.REFERENCE_KEY) -> list:
     return rows
 
 
-def build_results(env: dict, rows: list, shapes: list, settings: dict | None = None,
-                  notes: list | None = None) -> dict:
+def build_results(env: dict, rows: list, shapes: list, settings: dict | None = None, notes: list | None = None) -> dict:
     """The JSON document: environment fields at top level, then ``settings``, ``shapes``, ``notes``, ``rows``."""
     doc = {"schema": SCHEMA_VERSION}
     doc.update(env)
     doc["settings"] = settings or {}
-    doc["shapes"] = [{"name": s.name, "label": s.label, "batch": s.batch, "heads": s.heads,
-                      "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k, "head_dim": s.head_dim,
-                      "causal": s.causal, "headline": s.headline} for s in shapes]
+    doc["shapes"] = [
+        {
+            "name": s.name,
+            "label": s.label,
+            "batch": s.batch,
+            "heads": s.heads,
+            "seqlen_q": s.seqlen_q,
+            "seqlen_k": s.seqlen_k,
+            "head_dim": s.head_dim,
+            "causal": s.causal,
+            "headline": s.headline,
+        }
+        for s in shapes
+    ]
     doc["notes"] = list(notes or [])
     doc["rows"] = fill_ratios(rows)
     return doc
@@ -123,6 +160,7 @@ def write_results(doc: dict, out_dir, when: datetime | None = None) -> tuple:
 
 # ----------------------------------------------------------------------------------------- environment
 
+
 def _run(cmd: list, cwd=None, timeout: float = 10.0) -> str | None:
     try:
         p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -146,8 +184,15 @@ def git_commit(repo=REPO_ROOT) -> str:
     return head + ("-dirty" if dirty else "")
 
 
-_SMI_CLOCKS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw", "power.limit",
-               "temperature.gpu")
+_SMI_CLOCKS = (
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.draw",
+    "power.limit",
+    "temperature.gpu",
+)
 
 
 def _smi_query(fields: str) -> list | None:
@@ -157,6 +202,7 @@ def _smi_query(fields: str) -> list | None:
     ids = []
     try:
         import torch
+
         uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
         if uuid:
             ids.append(["-i", str(uuid) if str(uuid).startswith("GPU-") else f"GPU-{uuid}"])
@@ -191,6 +237,7 @@ def driver_version() -> str | None:
         return vals[0]
     try:
         import pynvml
+
         pynvml.nvmlInit()
         v = pynvml.nvmlSystemGetDriverVersion()
         return v.decode() if isinstance(v, bytes) else str(v)
@@ -198,7 +245,8 @@ def driver_version() -> str | None:
         pass
     try:
         from cuda.bindings import driver as cu
-        err, v = cu.cuDriverGetVersion()
+
+        _, v = cu.cuDriverGetVersion()
         return f"CUDA driver API {v // 1000}.{(v % 1000) // 10}"
     except Exception:
         return None
@@ -208,16 +256,18 @@ def collect_env(when: datetime | None = None) -> dict:
     """Device, driver, torch/CUDA/cuDNN/triton versions, git commit, UTC date (``when``, default now) and
     clocks. Needs CUDA."""
     import torch
+
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
     try:
         import triton
+
         triton_version = triton.__version__
     except Exception:
         triton_version = None
     return {
         "device": torch.cuda.get_device_name(dev),
-        "capability": "%d.%d" % torch.cuda.get_device_capability(dev),
+        "capability": "{}.{}".format(*torch.cuda.get_device_capability(dev)),
         "sm_count": props.multi_processor_count,
         "driver_version": driver_version(),
         "torch_version": torch.__version__,
@@ -231,14 +281,16 @@ def collect_env(when: datetime | None = None) -> dict:
     }
 
 
-def hopper_status() -> tuple:
-    """``(ok, reason)`` from :func:`attnclimb.hopper_available` (a seam the CPU tests replace)."""
-    from ..api import hopper_available
+def hopper_status() -> str | None:
+    """:func:`attnclimb.hopper_unavailable_reason`: ``None`` when a Hopper GPU is usable, else why not
+    (a seam the CPU tests replace)."""
+    from ..api import hopper_unavailable_reason
 
-    return hopper_available()
+    return hopper_unavailable_reason()
 
 
 # ------------------------------------------------------------------------------------------- progress
+
 
 class _Progress:
     """rich, else tqdm, else one plain line per step; always on stderr so stdout ends with the table."""
@@ -248,8 +300,15 @@ class _Progress:
         try:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._p = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+            self._p = Progress(
+                TextColumn("{task.description:<34}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self._p.start()
             self._task = self._p.add_task("bench", total=total)
             self._kind = "rich"
@@ -258,6 +317,7 @@ class _Progress:
             pass
         try:
             from tqdm import tqdm
+
             self._p = tqdm(total=total, file=sys.stderr, dynamic_ncols=True)
             self._kind = "tqdm"
         except Exception:
@@ -295,14 +355,17 @@ class _Progress:
 
 # ---------------------------------------------------------------------------------------------- runner
 
+
 def _sync(device: str) -> None:
     if device != "cpu":
         import torch
+
         torch.cuda.synchronize()
 
 
 def _context_alive(device: str = "cuda") -> str | None:
     import torch
+
     try:
         _sync(device)
         torch.ones(1, device=device).add_(1).item()
@@ -311,8 +374,15 @@ def _context_alive(device: str = "cuda") -> str | None:
         return peers_mod._one_line(exc)
 
 
-def run_bench(impls: list, shapes: list, warmup_ms: float, rep_ms: float, respect_limits: bool = True,
-              progress=None, device: str = "cuda") -> tuple:
+def run_bench(
+    impls: list,
+    shapes: list,
+    warmup_ms: float,
+    rep_ms: float,
+    respect_limits: bool = True,
+    progress=None,
+    device: str = "cuda",
+) -> tuple:
     """Check and time every ``impl`` on every ``shape``.
 
     ``device="cpu"`` exists for the CPU tests of this loop (with a fake timer); benchmarks use CUDA.
@@ -321,6 +391,7 @@ def run_bench(impls: list, shapes: list, warmup_ms: float, rep_ms: float, respec
     (unavailable impls, lost context) and the settings actually used.
     """
     import torch
+
     from . import timing
 
     notes, rows = [], []
@@ -331,9 +402,15 @@ def run_bench(impls: list, shapes: list, warmup_ms: float, rep_ms: float, respec
         if not ok:
             notes.append(f"{impl.key} skipped: {why}")
     l2 = timing.l2_cache_bytes() if device != "cpu" else timing.DEFAULT_L2_BYTES
-    settings = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "timer": timing.timer_name(),
-                "l2_bytes": l2, "input_sets": {}, "respect_max_bench_seqlen": respect_limits,
-                "check": f"float32 reference on (b,h) first and last, all rows; rel L2 <= {REL_L2_TOL:g}"}
+    settings = {
+        "warmup_ms": warmup_ms,
+        "rep_ms": rep_ms,
+        "timer": timing.timer_name(),
+        "l2_bytes": l2,
+        "input_sets": {},
+        "respect_max_bench_seqlen": respect_limits,
+        "check": f"float32 reference on (b,h) first and last, all rows; rel L2 <= {REL_L2_TOL:g}",
+    }
     dead = None  # set when a kernel killed the CUDA context: nothing after it can run
     prog = progress or _Progress(len(impls) * len(shapes))
 
@@ -368,8 +445,9 @@ def run_bench(impls: list, shapes: list, warmup_ms: float, rep_ms: float, respec
                 continue
             rows.append(_bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device))
             r = rows[-1]
-            prog.step(f"{impl.key} {shape.label}: "
-                      + (f"{r['tflops']:.1f} TFLOP/s" if r["status"] == "ok" else r["status"]))
+            prog.step(
+                f"{impl.key} {shape.label}: " + (f"{r['tflops']:.1f} TFLOP/s" if r["status"] == "ok" else r["status"])
+            )
             if r["status"].startswith("error:") and "wrong result" not in r["status"]:
                 lost = _context_alive(device)
                 if lost:
@@ -386,6 +464,7 @@ def run_bench(impls: list, shapes: list, warmup_ms: float, rep_ms: float, respec
 
 def _bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device="cuda") -> dict:
     import torch
+
     from . import timing
 
     prepared = out = None
@@ -413,29 +492,43 @@ def _bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device="cuda")
 
 # ------------------------------------------------------------------------------------------------- CLI
 
+
 def add_arguments(p) -> None:
     """Add the ``bench`` options to an argparse (sub)parser."""
     p.add_argument("--rungs", metavar="LIST", help="only these rungs, e.g. 4,5,8 (default: all)")
-    p.add_argument("--impls", metavar="LIST",
-                   help="comma list of rungNN, sdpa_cudnn, sdpa_flash, sdpa_efficient, fa4, or the groups "
-                        "rungs, peers, sdpa, all (default: every rung and every peer)")
-    p.add_argument("--seqlens", metavar="LIST",
-                   help="FA-paper seqlens and/or 'wan', e.g. 4k,8192,wan (default: 1k,2k,4k,8k,16k,wan)")
+    p.add_argument(
+        "--impls",
+        metavar="LIST",
+        help="comma list of rungNN, sdpa_cudnn, sdpa_flash, sdpa_efficient, fa4, or the groups "
+        "rungs, peers, sdpa, all (default: every rung and every peer)",
+    )
+    p.add_argument(
+        "--seqlens",
+        metavar="LIST",
+        help="FA-paper seqlens and/or 'wan', e.g. 4k,8192,wan (default: 1k,2k,4k,8k,16k,wan)",
+    )
     p.add_argument("--quick", action="store_true", help="4k, 16k and wan only, shorter warm-up and rep")
-    p.add_argument("--out", metavar="DIR", default=None, help=f"results folder (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help=f"results folder (default: {paths.results_dir()}, where report reads them)",
+    )
     p.add_argument("--no-chart", action="store_true", help="don't write ladder.png")
     p.add_argument("--warmup-ms", type=float, default=None, help="warm-up time per measurement (ms)")
     p.add_argument("--rep-ms", type=float, default=None, help="timed repetitions per measurement (ms)")
-    p.add_argument("--no-limits", action="store_true",
-                   help="ignore each rung's max_bench_seqlen (slow rungs run the big shapes too)")
+    p.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="ignore each rung's max_bench_seqlen (slow rungs run the big shapes too)",
+    )
 
 
 def main(args) -> int:
     """Run the ``bench`` subcommand. Exit 0 when every row is ok/skipped, 1 on any error row, 2 without Hopper."""
-    ok, why = hopper_status()
-    if not ok:
-        print(f"attnclimb bench: no Hopper GPU (sm_90: H100/H200) available: {' '.join(why.split())}",
-              file=sys.stderr)
+    why = hopper_status()
+    if why is not None:
+        print(f"attnclimb bench: no Hopper GPU (sm_90: H100/H200) available: {' '.join(why.split())}", file=sys.stderr)
         return NO_HOPPER_EXIT
     try:
         impls = peers_mod.select_impls(args.rungs, args.impls)
@@ -449,7 +542,7 @@ def main(args) -> int:
         return 2
     warmup = args.warmup_ms if args.warmup_ms is not None else (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
-    out_dir = Path(args.out) if args.out else DEFAULT_OUT
+    out_dir = Path(args.out) if args.out else paths.results_dir()
 
     t0 = time.monotonic()
     started = datetime.now(timezone.utc)
@@ -463,6 +556,7 @@ def main(args) -> int:
     stamped, latest = write_results(doc, out_dir, started)
 
     from . import report
+
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {stamped} and {latest.name}")

@@ -56,8 +56,7 @@ class Shape:
         return self.batch * self.heads * per_head * elem_bytes
 
 
-def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                    causal: bool = False) -> float:
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool = False) -> float:
     """FLOPs of one attention forward: ``4 * B * H * Sq * Sk * D`` (two GEMMs, 2 FLOPs per MAC).
 
     The softmax is not counted (the FlashAttention papers' convention). Causal masking halves the count.
@@ -85,14 +84,20 @@ def fa_shape(seqlen: int) -> Shape:
     if seqlen < 1:
         raise ValueError(f"seqlen must be >= 1, got {seqlen}")
     batch = max(1, round(FA_TOKENS / seqlen))
-    return Shape(name=f"fa-{seqlen_label(seqlen)}", label=seqlen_label(seqlen), batch=batch, heads=FA_HEADS,
-                 seqlen_q=seqlen, seqlen_k=seqlen, headline=seqlen in HEADLINE_SEQLENS)
+    return Shape(
+        name=f"fa-{seqlen_label(seqlen)}",
+        label=seqlen_label(seqlen),
+        batch=batch,
+        heads=FA_HEADS,
+        seqlen_q=seqlen,
+        seqlen_k=seqlen,
+        headline=seqlen in HEADLINE_SEQLENS,
+    )
 
 
 # Wan2.1-T2V-1.3B, 480p (832x480), 81 frames: the VAE compresses 4x in time and 8x in space, the DiT
 # patchifies 2x2 -> 21 latent frames x (60/2) x (104/2) = 21 * 30 * 52 = 32760 tokens; dim 1536 = 12 heads x 128.
-WAN_SHAPE = Shape(name="wan2.1-1.3b-480p", label="Wan2.1-1.3B 480p", batch=1, heads=12,
-                  seqlen_q=32760, seqlen_k=32760)
+WAN_SHAPE = Shape(name="wan2.1-1.3b-480p", label="Wan2.1-1.3B 480p", batch=1, heads=12, seqlen_q=32760, seqlen_k=32760)
 
 
 def parse_seqlens(spec: str) -> tuple:

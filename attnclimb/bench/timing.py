@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..reference import rel_l2  # noqa: F401  (one definition of the error metric, shared with the tests)
+from ..reference import rel_l2  # one definition of the error metric, shared with the tests
 
 DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H100/H200: 50 / 60 MB
 REL_L2_TOL = 1e-2
@@ -19,6 +19,7 @@ def l2_cache_bytes() -> int:
     """L2 size of the current CUDA device in bytes (falls back to 60 MB when torch doesn't say)."""
     try:
         import torch
+
         n = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0))
         return n if n > 0 else DEFAULT_L2_BYTES
     except Exception:
@@ -38,13 +39,17 @@ def num_input_sets(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, minimum: in
 def make_inputs(shape, n_sets: int, seed: int = 0, device: str = "cuda") -> list:
     """``n_sets`` independent (q, k, v) bf16 tensors of ``shape`` on ``device`` (BHSD, contiguous, N(0, 1))."""
     import torch
+
     g = torch.Generator(device=device).manual_seed(seed)
     sets = []
     for _ in range(n_sets):
         qkv = []
         for s in (shape.seqlen_q, shape.seqlen_k, shape.seqlen_k):
-            qkv.append(torch.randn(shape.batch, shape.heads, s, shape.head_dim, device=device,
-                                   dtype=torch.bfloat16, generator=g))
+            qkv.append(
+                torch.randn(
+                    shape.batch, shape.heads, s, shape.head_dim, device=device, dtype=torch.bfloat16, generator=g
+                )
+            )
         sets.append(tuple(qkv))
     return sets
 
@@ -65,6 +70,7 @@ def rotating(call, prepared_sets):
 def _have_triton_do_bench():
     try:
         from triton.testing import do_bench
+
         return do_bench
     except Exception:
         return None
@@ -81,6 +87,7 @@ def cuda_events_median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> flo
     Runs ~``warmup_ms`` of untimed calls first, then ~``rep_ms`` worth of timed calls (at least 1 each).
     """
     import torch
+
     fn()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,8 +122,6 @@ def median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return cuda_events_median_ms(fn, warmup_ms, rep_ms)
 
 
-
-
 def check_heads(shape) -> list:
     """The ``(batch, head)`` pairs the reference covers: the first and the last (all query rows of each)."""
     pairs = [(0, 0), (shape.batch - 1, shape.heads - 1)]
@@ -136,6 +141,7 @@ def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int
         a list of ``(seqlen_q, head_dim)`` float32 tensors, one per pair. TF32 is disabled while computing.
     """
     import torch
+
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -147,7 +153,7 @@ def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int
             qq = q[b, h].float()
             parts = []
             for r0 in range(0, qq.shape[0], chunk_rows):
-                s = (qq[r0:r0 + chunk_rows] @ kk.T) * scale
+                s = (qq[r0 : r0 + chunk_rows] @ kk.T) * scale
                 parts.append(torch.softmax(s, dim=-1) @ vv)
             outs.append(torch.cat(parts))
         return outs
@@ -167,6 +173,7 @@ def check_output(out_bhsd, refs, pairs, shape) -> tuple:
         relative L2 error over the reference pairs is ``<= REL_L2_TOL``; ``why`` explains a failure.
     """
     import torch
+
     want = (shape.batch, shape.heads, shape.seqlen_q, shape.head_dim)
     if tuple(out_bhsd.shape) != want:
         return False, None, f"output shape {tuple(out_bhsd.shape)} != {want}"

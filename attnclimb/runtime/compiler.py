@@ -84,9 +84,7 @@ def _include_dirs() -> list:
 
     cudart = cuda.pathfinder.find_nvidia_header_directory("cudart")
     if cudart is None:
-        raise RuntimeError(
-            "CUDA runtime headers not found; install them with pip install 'nvidia-cuda-runtime==13.*'"
-        )
+        raise RuntimeError("CUDA runtime headers not found; install them with pip install 'nvidia-cuda-runtime==13.*'")
     return [str(KERNEL_DIR), str(cudart)]
 
 

@@ -47,13 +47,19 @@ class LoadedRung:
 
             attrs = driver.CUfunction_attribute
             for k in self.kernels.values():
-                _check(driver.cuKernelSetAttribute(attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                   rung.smem_bytes, k.handle, device_index),
-                       "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+                _check(
+                    driver.cuKernelSetAttribute(
+                        attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, rung.smem_bytes, k.handle, device_index
+                    ),
+                    "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                )
                 # Prefer the largest shared-memory carveout so that rungs sized for 2 CTAs/SM get them.
-                _check(driver.cuKernelSetAttribute(attrs.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                                   100, k.handle, device_index),
-                       "cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+                _check(
+                    driver.cuKernelSetAttribute(
+                        attrs.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100, k.handle, device_index
+                    ),
+                    "cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)",
+                )
         self._streams = {}
 
     def ctas_per_sm(self, name: str = "attn_fwd") -> int:
@@ -82,7 +88,7 @@ class LoadedRung:
         launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), self.kernels[name], *args)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _loaded(rung: Rung, device_index: int) -> LoadedRung:
     return LoadedRung(rung, device_index)
 
@@ -154,23 +160,70 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     if rung.abi == "unfused":
         s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
         tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
-        lr.launch("qk_scores", (tiles_n * tiles_m * bh,), (rung.threads,), 0, stream,
-                  q.data_ptr(), k.data_ptr(), s.data_ptr(), i32(sq), i32(sk), f32(scale))
+        lr.launch(
+            "qk_scores",
+            (tiles_n * tiles_m * bh,),
+            (rung.threads,),
+            0,
+            stream,
+            q.data_ptr(),
+            k.data_ptr(),
+            s.data_ptr(),
+            i32(sq),
+            i32(sk),
+            f32(scale),
+        )
         lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
-        lr.launch("pv_product", (tiles_m * bh,), (rung.threads,), 0, stream,
-                  s.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk))
+        lr.launch(
+            "pv_product",
+            (tiles_m * bh,),
+            (rung.threads,),
+            0,
+            stream,
+            s.data_ptr(),
+            v.data_ptr(),
+            o.data_ptr(),
+            i32(sq),
+            i32(sk),
+        )
         return
     m_blocks = rung.num_m_blocks(sq)
     grid = (m_blocks * bh,)
     if rung.abi == "pointer":
-        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream,
-                  q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
+        lr.launch(
+            "attn_fwd",
+            grid,
+            (rung.threads,),
+            rung.smem_bytes,
+            stream,
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            o.data_ptr(),
+            i32(sq),
+            i32(sk),
+            i32(m_blocks),
+            f32(scale),
+        )
         return
     if rung.abi == "tma":
         tq = cached_tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
         tk = cached_tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
         tv = cached_tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
-        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream,
-                  tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
+        lr.launch(
+            "attn_fwd",
+            grid,
+            (rung.threads,),
+            rung.smem_bytes,
+            stream,
+            tq,
+            tk,
+            tv,
+            o.data_ptr(),
+            i32(sq),
+            i32(sk),
+            i32(m_blocks),
+            f32(scale),
+        )
         return
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")

@@ -1,5 +1,6 @@
 """Disassemble a cubin with ``cuobjdump -sass`` (from the CUDA toolkit or NVIDIA's
-``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm`` wheels) so CI can check that a rung really uses the instructions it claims."""
+``nvidia-cuda-cuobjdump`` + ``nvidia-cuda-nvdisasm`` wheels) so CI can check that a rung really uses the
+instructions it claims."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ def sass(cubin: bytes) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
     return res.stdout
-
 
 
 def resource_usage(cubin: bytes) -> tuple:
