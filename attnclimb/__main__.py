@@ -116,8 +116,8 @@ def _unified_diff(a, b) -> list:
 
 
 def _rung_entry(rung) -> dict:
-    """The fields of ``rung``'s ``rungs.py`` entry as ``{label: value}`` (``extra_defines`` one per macro);
-    ``number`` and ``name`` are left out, the diff headers name them."""
+    """The fields of ``rung``'s ``rungs.py`` entry as ``{label: value}`` (``extra_defines`` one per macro),
+    and the shared memory they imply; ``number`` and ``name`` are left out, the diff headers name them."""
     import dataclasses
 
     entry = {}
@@ -129,6 +129,7 @@ def _rung_entry(rung) -> dict:
             entry.update({f"extra_defines[{k!r}]": v for k, v in sorted(value.items())})
         else:
             entry[f.name] = value
+    entry["smem_bytes"] = rung.smem_bytes  # derived from smem_layout, tiles and NUM_STAGES: show it too
     return entry
 
 

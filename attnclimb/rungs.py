@@ -30,7 +30,9 @@ class Rung:
         block_m: rows of Q per CTA (``BLOCK_M``).
         block_n: rows of K/V per inner-loop tile (``BLOCK_N``).
         threads: threads per CTA (``NUM_THREADS``).
-        smem_bytes: dynamic shared memory per CTA, in bytes.
+        smem_layout: how the kernel carves its dynamic shared memory, a key of :data:`SMEM_LAYOUTS`;
+            ``smem_bytes`` (a property) derives the size from it, the tile sizes and ``NUM_STAGES``, and
+            the kernel receives it as ``SMEM_BYTES`` and ``static_assert``s that its own layout matches.
         extra_defines: further ``-D`` macros (e.g. ``NUM_STAGES``).
         q_box_rows / kv_box_rows: TMA box heights for the tensor-map ABI (0 when unused).
         sass_required: SASS mnemonics the rung claims (CI fails when one is missing).
@@ -44,12 +46,16 @@ class Rung:
     block_m: int
     block_n: int
     threads: int
-    smem_bytes: int
+    smem_layout: str
     extra_defines: dict = field(default_factory=dict)
     q_box_rows: int = 0
     kv_box_rows: int = 0
     sass_required: tuple = ()
     max_bench_seqlen: int | None = None
+
+    def __post_init__(self):
+        if self.smem_layout not in SMEM_LAYOUTS:
+            raise ValueError(f"smem_layout must be one of {sorted(SMEM_LAYOUTS)}, got {self.smem_layout!r}")
 
     @property
     def key(self) -> str:
@@ -69,6 +75,16 @@ class Rung:
             return ("qk_scores", "row_softmax", "pv_product")
         return ("attn_fwd",)
 
+    @property
+    def stages(self) -> int:
+        """K/V ring depth (``NUM_STAGES``; 1 for the rungs without a ring)."""
+        return int(self.extra_defines.get("NUM_STAGES", 1))
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA in bytes, from ``smem_layout``: the one place it is computed."""
+        return SMEM_LAYOUTS[self.smem_layout](self.block_m, self.block_n, self.stages)
+
     def defines(self) -> dict:
         """The ``-D`` macros this rung is compiled with (name -> int), see ``docs/kernel-abi.md``."""
         d = {
@@ -76,6 +92,7 @@ class Rung:
             "BLOCK_M": self.block_m,
             "BLOCK_N": self.block_n,
             "NUM_THREADS": self.threads,
+            "SMEM_BYTES": self.smem_bytes,
         }
         if self.abi == "tma":
             d["Q_BOX_ROWS"] = self.q_box_rows
@@ -97,10 +114,26 @@ def tma_smem_bytes(block_m: int, block_n: int, stages: int) -> int:
 
     128-byte-swizzled TMA destinations must start on a 1024-byte boundary; the kernels round the
     dynamic smem base up by hand (it is only 16-B aligned), which costs up to 1 KB. mbarriers live in
-    static shared memory (ptxas reports them separately). Recompute with this when sweeping
-    ``BLOCK_N`` / ``NUM_STAGES`` (``dataclasses.replace(rung, block_n=..., smem_bytes=...)``).
+    static shared memory (ptxas reports them separately).
     """
     return 1024 + _tile_bytes(block_m) + stages * 2 * _tile_bytes(block_n)
+
+
+# Each layout: (block_m, block_n, stages) -> bytes. The kernels compute the same sum from their macros
+# and static_assert it equals SMEM_BYTES, so a sweep that changes BLOCK_N or NUM_STAGES (with
+# dataclasses.replace) gets the right size or a compile error, never a silent overrun.
+SMEM_LAYOUTS = {
+    # rung 0: static shared memory only
+    "none": lambda bm, bn, st: 0,
+    # rung 1: fp32 Q and K tiles with rows padded by 4 floats, an unpadded V tile; P reuses K's space
+    "fp32_tiles": lambda bm, bn, st: 4 * ((bm + bn) * (HEAD_DIM + 4) + bn * HEAD_DIM),
+    # rung 2: bf16 Q, K, V tiles with rows padded by 8 bf16
+    "padded_bf16": lambda bm, bn, st: (bm + 2 * bn) * (HEAD_DIM + 8) * BF16_BYTES,
+    # rungs 3-4: dense swizzled bf16 tiles, Q + stages x (K, V)
+    "swizzled_ring": lambda bm, bn, st: _tile_bytes(bm) + st * 2 * _tile_bytes(bn),
+    # rungs 5+: the same behind 1 KB of alignment slack
+    "tma_ring": tma_smem_bytes,
+}
 
 
 RUNGS: tuple[Rung, ...] = (
@@ -112,7 +145,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=64,
         block_n=64,
         threads=256,
-        smem_bytes=0,
+        smem_layout="none",
         max_bench_seqlen=4096,
     ),
     # fp32 tiles in smem: Q and K rows padded by 4 floats, V unpadded; P reuses the K tile's space.
@@ -124,7 +157,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=64,
         block_n=64,
         threads=256,
-        smem_bytes=4 * ((64 + 64) * (HEAD_DIM + 4) + 64 * HEAD_DIM),
+        smem_layout="fp32_tiles",
         max_bench_seqlen=4096,
     ),
     Rung(
@@ -135,7 +168,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=128,
-        smem_bytes=(128 + 2 * 64) * (HEAD_DIM + 8) * BF16_BYTES,  # padded rows: +8 bf16 each
+        smem_layout="padded_bf16",
         sass_required=("HMMA", "LDSM"),
     ),
     Rung(
@@ -146,7 +179,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=128,
-        smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64),  # Q + NUM_STAGES x (K, V)
+        smem_layout="swizzled_ring",
         extra_defines={"NUM_STAGES": 2},
         sass_required=("HMMA", "LDSM", "LDGSTS"),
     ),
@@ -158,7 +191,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=128,
-        smem_bytes=_tile_bytes(128) + 2 * 2 * _tile_bytes(64),
+        smem_layout="swizzled_ring",
         extra_defines={"NUM_STAGES": 2},
         sass_required=("HMMA", "LDSM", "LDGSTS"),
     ),
@@ -172,7 +205,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=128,
-        smem_bytes=tma_smem_bytes(128, 64, 2),
+        smem_layout="tma_ring",
         extra_defines={"NUM_STAGES": 2},
         q_box_rows=128,
         kv_box_rows=64,
@@ -186,7 +219,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=256,
-        smem_bytes=tma_smem_bytes(128, 64, 2),
+        smem_layout="tma_ring",
         extra_defines={"NUM_STAGES": 2},
         q_box_rows=128,
         kv_box_rows=64,
@@ -201,16 +234,15 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=64,
         threads=384,
-        smem_bytes=tma_smem_bytes(128, 64, 2),
+        smem_layout="tma_ring",
         extra_defines={"NUM_STAGES": 2},
         q_box_rows=128,
         kv_box_rows=64,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
     ),
     # Sweepable: BLOCK_N in {64, 128, 176, 192} (kv_box_rows = BLOCK_N or a divisor that is a multiple
-    # of 8, <= 256) and NUM_STAGES in {2, 3}; smem = tma_smem_bytes(128, BLOCK_N, NUM_STAGES) must stay
-    # <= 227 KB (232448 B) minus ~100 B of static mbarriers: 128 x 3 stages = 230400 fits, 176/192 only
-    # with 2 stages.
+    # of 8, <= 256) and NUM_STAGES in {2, 3}; smem_bytes follows, and must stay <= 227 KB (232448 B)
+    # minus ~100 B of static mbarriers: 128 x 3 stages = 230400 fits, 176/192 only with 2 stages.
     Rung(
         8,
         "kv_pipeline",
@@ -219,7 +251,7 @@ RUNGS: tuple[Rung, ...] = (
         block_m=128,
         block_n=128,
         threads=384,
-        smem_bytes=tma_smem_bytes(128, 128, 2),
+        smem_layout="tma_ring",
         extra_defines={"NUM_STAGES": 2},
         q_box_rows=128,
         kv_box_rows=128,

@@ -1,7 +1,7 @@
 """Sweep a rung's tile sizes / stages on the GPU: check each variant, then time it next to cuDNN.
 
 Usage: python scripts/sweep.py RUNG 'JSON list of overrides' [SEQLENS]
-e.g.   python scripts/sweep.py 8 '[{}, {"block_n":192,"kv_box_rows":192,"smem_bytes":230400}]' 4k,16k
+e.g.   python scripts/sweep.py 8 '[{}, {"block_n":192,"kv_box_rows":192}]' 4k,16k   (smem_bytes follows)
 An override dict sets Rung fields; its key "defines" merges into extra_defines.
 """
 

@@ -48,7 +48,7 @@ def test_compile_error_shows_file_and_line(tmp_path, monkeypatch):
     (tmp_path / "99_broken.cu").write_text('extern "C" __global__ void attn_fwd() {\n  int x = ;\n}\n')
     monkeypatch.setattr(rungs, "KERNEL_DIR", tmp_path)
     monkeypatch.setenv("ATTNCLIMB_CACHE_DIR", str(tmp_path / "cache"))
-    r = rungs.Rung(99, "broken", "none", "pointer", 64, 64, 128, 0)
+    r = rungs.Rung(99, "broken", "none", "pointer", 64, 64, 128, "none")
     with pytest.raises(CompileError, match=r"99_broken\.cu\(2\).*error"):
         compile_rung(r)
 
@@ -166,3 +166,19 @@ def test_resources_from_cubin_match_ptxas_report(compiled):
                 res.stack_frame,
             ), key
             assert alt.spill_bytes == 0 and res.spill_bytes == 0
+
+
+def test_shared_memory_has_one_source_of_truth():
+    """rungs.py derives smem_bytes from the layout, tiles and NUM_STAGES; the kernel static_asserts it."""
+    import dataclasses
+
+    from attnclimb.runtime import CompileError, compile_rung
+
+    top = rungs.get(8)
+    deeper = dataclasses.replace(top, extra_defines={**top.extra_defines, "NUM_STAGES": 3})
+    assert deeper.smem_bytes == top.smem_bytes + 2 * top.block_n * rungs.HEAD_DIM * 2
+    assert deeper.defines()["SMEM_BYTES"] == deeper.smem_bytes
+    assert compile_rung(deeper).resources[0].spill_bytes == 0  # 230400 B: still fits
+    wrong = dataclasses.replace(top, smem_layout="swizzled_ring")  # 1 KB short of what the kernel carves
+    with pytest.raises(CompileError, match="static assertion failed"):
+        compile_rung(wrong)

@@ -41,9 +41,10 @@ def test_diff_shows_the_rungs_py_entry(capsys, monkeypatch):
     assert f"-extra_defines['NUM_STAGES'] = {lower.extra_defines['NUM_STAGES']!r}" in entry
     assert "+extra_defines['NUM_STAGES'] = 9" in entry
     assert f" threads = {lower.threads!r}" in entry  # unchanged fields are shown as context
-    assert f" smem_bytes = {lower.smem_bytes!r}" in entry
+    assert f" smem_layout = {lower.smem_layout!r}" in entry
     assert not any(line.startswith(("-idea", "+idea")) for line in entry)  # the same idea: not a change
-    assert err.rstrip().endswith("; rungs.py: block_n, extra_defines['NUM_STAGES'] changed")
+    assert f"-smem_bytes = {lower.smem_bytes!r}" in entry and f"+smem_bytes = {upper.smem_bytes!r}" in entry
+    assert err.rstrip().endswith("; rungs.py: block_n, extra_defines['NUM_STAGES'], smem_bytes changed")
     # the summary's counts are the .cu diff's, not the entry's
     cu = out[: out.index("--- a/attnclimb/rungs.py")].splitlines()
     added = sum(1 for line in cu if line.startswith("+") and not line.startswith("+++"))

@@ -27,18 +27,8 @@
 
 #include <cuda_bf16.h>
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (-DHEAD_DIM=128)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host"
-#endif
+#include "abi.cuh"
+#include "fp32_tiles.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Thread layout of the two GEMM kernels: the CTA's 256 threads form a 16 x 16 grid. Thread
@@ -46,47 +36,16 @@
 // covers 2 row groups and all 16 column groups, so each shared-memory value a warp reads is
 // either broadcast (same address) or part of a contiguous run (no bank conflicts).
 // ---------------------------------------------------------------------------------------------
-constexpr int GRID_DIM = 16;                       // threads per tile edge
 constexpr int ROWS_PER_THREAD = BLOCK_M / GRID_DIM;
 constexpr int COLS_PER_THREAD = BLOCK_N / GRID_DIM;  // qk_scores: key columns per thread
-constexpr int CHUNK_K = 32;                        // depth of the reduction slice staged in smem
-constexpr int SMEM_PAD = 4;                        // floats: keeps 16-byte alignment, shifts banks
+constexpr int CHUNK_K = 32;                          // depth of the reduction slice staged in smem
 
 static_assert(NUM_THREADS == GRID_DIM * GRID_DIM, "the GEMM tiles assume 256 threads (16 x 16)");
 static_assert(BLOCK_M % GRID_DIM == 0 && BLOCK_N % GRID_DIM == 0, "tiles must split over 16 threads");
 static_assert(HEAD_DIM % CHUNK_K == 0, "head_dim must be a multiple of the reduction slice");
 static_assert(HEAD_DIM == 8 * GRID_DIM, "pv_product gives each thread 8 output columns");
 static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "whole warps");
-
-// -inf (NVRTC has no <math.h>, hence no INFINITY macro): the fp32 bit pattern 0xff800000.
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ int thread_row() { return threadIdx.x / GRID_DIM; }
-__device__ __forceinline__ int thread_col() { return threadIdx.x % GRID_DIM; }
-
-// Load 8 consecutive bf16 values (16 bytes) and store them widened to fp32 at dst (16-byte
-// aligned). Out-of-range rows are stored as zeros so that tails contribute nothing.
-__device__ __forceinline__ void load8_bf16_as_f32(float* dst, const __nv_bfloat16* src, bool valid) {
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (valid) raw = *reinterpret_cast<const uint4*>(src);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 f0 = __bfloat1622float2(h[0]);
-    const float2 f1 = __bfloat1622float2(h[1]);
-    const float2 f2 = __bfloat1622float2(h[2]);
-    const float2 f3 = __bfloat1622float2(h[3]);
-    reinterpret_cast<float4*>(dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
-    reinterpret_cast<float4*>(dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
-}
-
-// Store 4 consecutive fp32 values as bf16 (8 bytes, round to nearest even).
-__device__ __forceinline__ void store4_f32_as_bf16(__nv_bfloat16* dst, float a, float b, float c, float d) {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(c, d);
-    uint2 packed;
-    packed.x = *reinterpret_cast<unsigned*>(&lo);
-    packed.y = *reinterpret_cast<unsigned*>(&hi);
-    *reinterpret_cast<uint2*>(dst) = packed;
-}
+static_assert(SMEM_BYTES == 0, "rung 0 uses static shared memory only (rungs.py smem_layout)");
 
 // =============================================================================================
 // Kernel 1: S = scale * Q K^T for one BLOCK_M x BLOCK_N tile, written as fp32 to the workspace.
@@ -95,22 +54,22 @@ __device__ __forceinline__ void store4_f32_as_bf16(__nv_bfloat16* dst, float a, 
 // Stage columns [d0, d0 + CHUNK_K) of `rows` consecutive rows (starting at row0) of a
 // (seqlen, HEAD_DIM) bf16 matrix into dst[rows][CHUNK_K + SMEM_PAD] as fp32; rows >= seqlen are 0.
 template <int ROWS>
-__device__ __forceinline__ void stage_row_slice(float* dst, const __nv_bfloat16* src, int row0,
-                                                int seqlen, int d0) {
+__device__ __forceinline__ void stage_row_slice(float* dst, const __nv_bfloat16* src, int row0, int seqlen,
+                                                int d0) {
     constexpr int VECS_PER_ROW = CHUNK_K / 8;
     for (int idx = threadIdx.x; idx < ROWS * VECS_PER_ROW; idx += NUM_THREADS) {
         const int r = idx / VECS_PER_ROW;
         const int c = (idx % VECS_PER_ROW) * 8;
         const int row = row0 + r;
         const bool valid = row < seqlen;
-        load8_bf16_as_f32(dst + r * (CHUNK_K + SMEM_PAD) + c,
-                          src + (valid ? row : 0) * HEAD_DIM + d0 + c, valid);
+        load8_bf16_as_f32(dst + r * (CHUNK_K + SMEM_PAD) + c, src + (valid ? row : 0) * HEAD_DIM + d0 + c,
+                          valid);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
-qk_scores(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-          float* __restrict__ s, int seqlen_q, int seqlen_k, float scale) {
+    qk_scores(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, float* __restrict__ s,
+              int seqlen_q, int seqlen_k, float scale) {
     __shared__ __align__(16) float q_smem[BLOCK_M][CHUNK_K + SMEM_PAD];
     __shared__ __align__(16) float k_smem[BLOCK_N][CHUNK_K + SMEM_PAD];
 
@@ -196,7 +155,7 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch) {
 }
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
-row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
+    row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
     __shared__ float scratch[NUM_THREADS / 32];
     float* row = s + (size_t)blockIdx.x * (size_t)seqlen_k;
 
@@ -204,7 +163,7 @@ row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
     // and the scale multiplies s − max, after the subtraction: scaling first would round scale·s to
     // fp32 and, for large |scale·s|, move every probability by that rounding (issue 6). A zero scale
     // becomes the smallest normal float: the same uniform P, without 0 · (−inf) = NaN.
-    const float abs_scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    const float abs_scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 
     // Pass 1: the row maximum, subtracted before exponentiating so that expf never overflows.
     float m = neg_inf();
@@ -221,7 +180,8 @@ row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
     const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
 
     // Pass 3: the probabilities (recomputing expf is cheaper than a second write + read of S).
-    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) row[j] = expf((row[j] - m) * abs_scale) * inv_sum;
+    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS)
+        row[j] = expf((row[j] - m) * abs_scale) * inv_sum;
 }
 
 // =============================================================================================
@@ -229,8 +189,8 @@ row_softmax(float* __restrict__ s, int seqlen_k, float scale) {
 // =============================================================================================
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
-pv_product(const float* __restrict__ p, const __nv_bfloat16* __restrict__ v,
-           __nv_bfloat16* __restrict__ o, int seqlen_q, int seqlen_k) {
+    pv_product(const float* __restrict__ p, const __nv_bfloat16* __restrict__ v,
+               __nv_bfloat16* __restrict__ o, int seqlen_q, int seqlen_k) {
     __shared__ __align__(16) float p_smem[BLOCK_M][CHUNK_K + SMEM_PAD];
     __shared__ __align__(16) float v_smem[CHUNK_K][HEAD_DIM];
 
@@ -254,8 +214,7 @@ pv_product(const float* __restrict__ p, const __nv_bfloat16* __restrict__ v,
         for (int idx = threadIdx.x; idx < BLOCK_M * CHUNK_K; idx += NUM_THREADS) {
             const int r = idx / CHUNK_K, c = idx % CHUNK_K;
             const int row = m0 + r, key = j0 + c;
-            p_smem[r][c] = (row < seqlen_q && key < seqlen_k)
-                               ? p_head[(size_t)row * seqlen_k + key] : 0.f;
+            p_smem[r][c] = (row < seqlen_q && key < seqlen_k) ? p_head[(size_t)row * seqlen_k + key] : 0.f;
         }
         // V slice: CHUNK_K keys x HEAD_DIM; keys past seqlen_k are zero (their P is zero too).
         for (int idx = threadIdx.x; idx < CHUNK_K * (HEAD_DIM / 8); idx += NUM_THREADS) {

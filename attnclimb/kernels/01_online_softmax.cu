@@ -21,18 +21,8 @@
 
 #include <cuda_bf16.h>
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (-DHEAD_DIM=128)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host"
-#endif
+#include "abi.cuh"
+#include "fp32_tiles.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Thread layout (as in rung 0): the CTA's 256 threads form a 16 x 16 grid. Thread (ty, tx) owns
@@ -42,48 +32,18 @@
 // part of a contiguous run (no bank conflicts), and the 16 threads that share a row are one
 // half-warp, so row max / row sum are warp shuffles.
 // ---------------------------------------------------------------------------------------------
-constexpr int GRID_DIM = 16;                       // threads per tile edge
 constexpr int ROWS_PER_THREAD = BLOCK_M / GRID_DIM;
 constexpr int COLS_PER_THREAD = BLOCK_N / GRID_DIM;  // key columns of a score tile per thread
-constexpr int SMEM_PAD = 4;                        // floats: keeps 16-byte alignment, shifts banks
-constexpr int QK_STRIDE = HEAD_DIM + SMEM_PAD;     // row stride of the Q and K tiles (floats)
-constexpr int P_STRIDE = BLOCK_N + SMEM_PAD;       // row stride of the P tile (floats)
+constexpr int QK_STRIDE = HEAD_DIM + SMEM_PAD;       // row stride of the Q and K tiles (floats)
+constexpr int P_STRIDE = BLOCK_N + SMEM_PAD;         // row stride of the P tile (floats)
 
 static_assert(NUM_THREADS == GRID_DIM * GRID_DIM, "the tiles assume 256 threads (16 x 16)");
 static_assert(BLOCK_M % GRID_DIM == 0 && BLOCK_N % GRID_DIM == 0, "tiles must split over 16 threads");
 static_assert(BLOCK_N % 4 == 0, "P V reads P four keys at a time");
 static_assert(HEAD_DIM == 8 * GRID_DIM, "each thread owns 8 output columns");
 static_assert(BLOCK_M * P_STRIDE <= BLOCK_N * QK_STRIDE, "the P tile must fit in the K tile's space");
-
-// -inf (NVRTC has no <math.h>, hence no INFINITY macro): the fp32 bit pattern 0xff800000.
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ int thread_row() { return threadIdx.x / GRID_DIM; }
-__device__ __forceinline__ int thread_col() { return threadIdx.x % GRID_DIM; }
-
-// Load 8 consecutive bf16 values (16 bytes) and store them widened to fp32 at dst (16-byte
-// aligned). Out-of-range rows are stored as zeros so that tails contribute nothing.
-__device__ __forceinline__ void load8_bf16_as_f32(float* dst, const __nv_bfloat16* src, bool valid) {
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (valid) raw = *reinterpret_cast<const uint4*>(src);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 f0 = __bfloat1622float2(h[0]);
-    const float2 f1 = __bfloat1622float2(h[1]);
-    const float2 f2 = __bfloat1622float2(h[2]);
-    const float2 f3 = __bfloat1622float2(h[3]);
-    reinterpret_cast<float4*>(dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
-    reinterpret_cast<float4*>(dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
-}
-
-// Store 4 consecutive fp32 values as bf16 (8 bytes, round to nearest even).
-__device__ __forceinline__ void store4_f32_as_bf16(__nv_bfloat16* dst, float a, float b, float c, float d) {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(c, d);
-    uint2 packed;
-    packed.x = *reinterpret_cast<unsigned*>(&lo);
-    packed.y = *reinterpret_cast<unsigned*>(&hi);
-    *reinterpret_cast<uint2*>(dst) = packed;
-}
+static_assert(SMEM_BYTES == 4 * (BLOCK_M * QK_STRIDE + BLOCK_N * QK_STRIDE + BLOCK_N * HEAD_DIM),
+              "dynamic smem: the fp32 Q, K and V tiles (rungs.py smem_layout)");
 
 // Stage ROWS whole rows (starting at row0) of a (seqlen, HEAD_DIM) bf16 matrix into
 // dst[ROWS][STRIDE] as fp32; rows >= seqlen are zero. A warp reads two contiguous 256-byte rows.
@@ -176,17 +136,17 @@ __device__ __forceinline__ void accumulate_pv(const float* p_smem, const float* 
 
 // Two CTAs per SM (2 x 98 KB of shared memory) need <= 128 registers per thread.
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
-attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-         const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-         int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
+    attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+             const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int seqlen_q, int seqlen_k,
+             int num_m_blocks, float scale) {
     // Shared memory: the Q tile stays for the whole kernel; K and V are refilled every tile.
     // Once the scores are in registers the K tile is dead, so P is written over it: this keeps
     // the CTA under ~113 KB, and two CTAs fit on one SM.
     extern __shared__ __align__(16) float smem[];
-    float* q_smem = smem;                              // [BLOCK_M][QK_STRIDE]
-    float* k_smem = q_smem + BLOCK_M * QK_STRIDE;      // [BLOCK_N][QK_STRIDE]
-    float* v_smem = k_smem + BLOCK_N * QK_STRIDE;      // [BLOCK_N][HEAD_DIM]
-    float* p_smem = k_smem;                            // [BLOCK_M][P_STRIDE], over the K tile
+    float* q_smem = smem;                          // [BLOCK_M][QK_STRIDE]
+    float* k_smem = q_smem + BLOCK_M * QK_STRIDE;  // [BLOCK_N][QK_STRIDE]
+    float* v_smem = k_smem + BLOCK_N * QK_STRIDE;  // [BLOCK_N][HEAD_DIM]
+    float* p_smem = k_smem;                        // [BLOCK_M][P_STRIDE], over the K tile
 
     const int bh = blockIdx.x / num_m_blocks;
     const int m0 = (blockIdx.x % num_m_blocks) * BLOCK_M;
@@ -204,7 +164,7 @@ attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ 
     // their max is the max of the scaled ones; a zero scale becomes the smallest normal float (the same
     // uniform P, without 0 · (−inf) = NaN).
     const bool negate = scale < 0.f;
-    const float abs_scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    const float abs_scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
     float m[ROWS_PER_THREAD], l[ROWS_PER_THREAD], acc[ROWS_PER_THREAD][8];
 #pragma unroll
     for (int i = 0; i < ROWS_PER_THREAD; ++i) {
@@ -279,7 +239,7 @@ attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ 
         __nv_bfloat16* o_row = o + ((size_t)bh * seqlen_q + row) * HEAD_DIM;
         store4_f32_as_bf16(o_row + 4 * tx, acc[i][0] * inv_l, acc[i][1] * inv_l, acc[i][2] * inv_l,
                            acc[i][3] * inv_l);
-        store4_f32_as_bf16(o_row + HALF + 4 * tx, acc[i][4] * inv_l, acc[i][5] * inv_l,
-                           acc[i][6] * inv_l, acc[i][7] * inv_l);
+        store4_f32_as_bf16(o_row + HALF + 4 * tx, acc[i][4] * inv_l, acc[i][5] * inv_l, acc[i][6] * inv_l,
+                           acc[i][7] * inv_l);
     }
 }

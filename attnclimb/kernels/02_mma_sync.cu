@@ -26,77 +26,30 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
-#endif
-
-typedef __nv_bfloat16 bf16;
-typedef unsigned int uint32_t;  // NVRTC has no <stdint.h>
-
-#define NEG_INF (-CUDART_INF_F)
+#include "abi.cuh"
+#include "mma_sync.cuh"
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int M_TILES = 2;                       // m16 tiles of Q per warp
-constexpr int WARP_ROWS = 16 * M_TILES;          // rows of Q per warp (32)
-constexpr int SMEM_STRIDE = HEAD_DIM + 8;        // bf16 per padded shared-memory row (272 bytes)
-constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;     // 16-byte chunks in one 128-column row
-constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
-constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
-constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
-constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+constexpr int M_TILES = 2;                    // m16 tiles of Q per warp
+constexpr int WARP_ROWS = 16 * M_TILES;       // rows of Q per warp (32)
+constexpr int SMEM_STRIDE = HEAD_DIM + 8;     // bf16 per padded shared-memory row (272 bytes)
+constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks in one 128-column row
+constexpr int D_STEPS = HEAD_DIM / 16;        // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;          // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;        // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;         // n8 tiles of O per warp
 
 static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128");
 static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 32 rows of Q");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
 static_assert((BLOCK_M * CHUNKS_PER_ROW) % NUM_THREADS == 0, "Q tile must split evenly over threads");
 static_assert((BLOCK_N * CHUNKS_PER_ROW) % NUM_THREADS == 0, "K/V tiles must split evenly over threads");
+static_assert(SMEM_BYTES == 2 * (BLOCK_M + 2 * BLOCK_N) * SMEM_STRIDE,
+              "dynamic smem: the padded Q, K and V tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
-// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: 128 bf16 per row plus 8 bf16 of padding
@@ -175,41 +128,18 @@ __device__ __forceinline__ uint32_t b_layout_addr(const bf16* tile, int row0, in
     return smem_addr(tile + smem_offset(row, col)) + 2 * smem_offset(row0, col0);
 }
 
-// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
-// slice j of P·V, element for element:
-//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
-//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
-__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
-                                                const float (&s_hi)[4]) {
-    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
-    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
-    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
-    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
-}
-
-// Max over the 4 threads of a quad (they hold the BLOCK_N columns of one row between them).
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
 // 2 CTAs per SM: caps registers at 65536 / (2 x NUM_THREADS) (255 for 128 threads).
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
-attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-         bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
+    attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+             bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* s_q = reinterpret_cast<bf16*>(smem_raw);  // BLOCK_M x SMEM_STRIDE
-    bf16* s_k = s_q + BLOCK_M * SMEM_STRIDE;         // BLOCK_N x SMEM_STRIDE
-    bf16* s_v = s_k + BLOCK_N * SMEM_STRIDE;         // BLOCK_N x SMEM_STRIDE
+    bf16* s_k = s_q + BLOCK_M * SMEM_STRIDE;        // BLOCK_N x SMEM_STRIDE
+    bf16* s_v = s_k + BLOCK_N * SMEM_STRIDE;        // BLOCK_N x SMEM_STRIDE
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -227,7 +157,7 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
     // ones. A zero scale (uniform P) becomes the smallest normal float: the same P, but −inf · scale
     // stays −inf for masked keys and for the first tile's max instead of turning into NaN.
     if (scale < 0.f) negate_tile<BLOCK_M>(s_q, tid);
-    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 
     // This thread's rows are g and g + 8 of each of the warp's two m16 tiles: [mt][0] and [mt][1] below
     // (warp rows 16·mt + g and 16·mt + g + 8).
@@ -235,7 +165,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-        for (int j = 0; j < O_TILES; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
+        for (int j = 0; j < O_TILES; ++j)
+            o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
     }
     float row_max[M_TILES][2], row_sum[M_TILES][2];  // sums: this thread's partials, quad-summed at the end
 #pragma unroll
@@ -280,7 +211,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         }
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
-        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit - n_start.
+        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit -
+        // n_start.
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -336,7 +268,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         for (int kv = 0; kv < KV_STEPS; ++kv) {
             uint32_t p_frag[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) pack_p_fragment(p_frag[mt], s[mt][2 * kv], s[mt][2 * kv + 1]);
+            for (int mt = 0; mt < M_TILES; ++mt)
+                pack_p_fragment(p_frag[mt], s[mt][2 * kv], s[mt][2 * kv + 1]);
 #pragma unroll
             for (int j = 0; j < O_TILES; j += 2) {
                 uint32_t vb[4];

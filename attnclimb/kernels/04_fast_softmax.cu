@@ -9,9 +9,9 @@
 // with m·c computed once per row and tile: one FFMA and one MUFU.EX2 per score. ex2.approx.ftz.f32
 // (PTX ISA, "Floating point instructions: ex2") is the raw hardware instruction: ~2 ulp, subnormal
 // results flushed to 0 (harmless: beside the row's largest p = 1 a p below 2^−126 is lost in the sum
-// anyway), and ex2(−inf) = +0, which is what masked keys and the first tile's rescale factor need. The running max stays in raw
-// score units, so the masking and max logic are unchanged; the row sums stay per thread until the end
-// (one quad reduction per row instead of one per tile), as before.
+// anyway), and ex2(−inf) = +0, which is what masked keys and the first tile's rescale factor need. The
+// running max stays in raw score units, so the masking and max logic are unchanged; the row sums stay per
+// thread until the end (one quad reduction per row instead of one per tile), as before.
 //
 // Unchanged from rung 3: cp.async NUM_STAGES-deep ring of swizzled K/V tiles; mma.sync.m16n8k16
 // (bf16 in, fp32 accumulate) fed by ldmatrix (.trans for V); 4 warps x 32 rows of Q, two m16 tiles
@@ -22,38 +22,23 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "abi.cuh"
+#include "cp_async_tiles.cuh"
+#include "mma_sync.cuh"
 #include "softmax.cuh"
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
-#endif
 #ifndef NUM_STAGES
 #error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
 #endif
 
-typedef __nv_bfloat16 bf16;
-typedef unsigned int uint32_t;  // NVRTC has no <stdint.h>
-
-#define NEG_INF (-CUDART_INF_F)
-
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int M_TILES = 2;                       // m16 tiles of Q per warp
-constexpr int WARP_ROWS = 16 * M_TILES;          // rows of Q per warp (32)
-constexpr int KV_TILE = BLOCK_N * HEAD_DIM;      // bf16 in one K (or V) tile in shared memory
-constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;     // 16-byte chunks in one 128-column row
-constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
-constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
-constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
-constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+constexpr int M_TILES = 2;                   // m16 tiles of Q per warp
+constexpr int WARP_ROWS = 16 * M_TILES;      // rows of Q per warp (32)
+constexpr int KV_TILE = BLOCK_N * HEAD_DIM;  // bf16 in one K (or V) tile in shared memory
+constexpr int D_STEPS = HEAD_DIM / 16;       // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;         // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;       // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;        // n8 tiles of O per warp
 
 static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
 static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
@@ -62,116 +47,20 @@ static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)")
 static_assert((BLOCK_M * CHUNKS_PER_ROW) % NUM_THREADS == 0, "Q tile must split evenly over threads");
 static_assert((BLOCK_N * CHUNKS_PER_ROW) % NUM_THREADS == 0, "K/V tiles must split evenly over threads");
 static_assert((NUM_THREADS / CHUNKS_PER_ROW) % 8 == 0, "a thread's copies must share one swizzle key");
+static_assert(SMEM_BYTES == 2 * (BLOCK_M * HEAD_DIM + NUM_STAGES * 2 * KV_TILE),
+              "dynamic smem: Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously (bypassing L1 and registers). src_bytes is 16 or 0; the
-// part of the 16 bytes past src_bytes is filled with zeros, so 0 writes a zero chunk and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-// Close the group of cp.async issued by this thread since the last commit.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
-// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: dense 128-bf16 rows, 16-byte chunks XOR-swizzled
 // ---------------------------------------------------------------------------------------------
 
-// Element offset of (row, col) in a swizzled tile: chunk (col / 8) of row r lives at chunk
-// (col / 8) ^ (r % 8). A dense row is 256 bytes, so without the swizzle the 8 rows of an ldmatrix
-// 8x8 matrix (same chunk, 8 consecutive rows) would all sit in the same 4 banks: an 8-way conflict.
-// With it they land in 8 different chunks of one 128-byte span: all 32 banks, one wavefront. The
-// copies are conflict-free too: 8 consecutive threads write chunks 0-7 (or 8-15) of one row, which
-// the XOR only permutes.
-__device__ __forceinline__ int smem_offset(int row, int col) {
-    return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Global -> shared tile copies (asynchronous)
 // ---------------------------------------------------------------------------------------------
-
-// Start copying a ROWS x 128 bf16 tile, row-major in global memory, into swizzled shared memory.
-// Rows at or past valid_rows are zero-filled; their source address is clamped to the last valid row
-// (valid_rows >= 1 for every tile loaded), so no out-of-bounds address is ever formed. Completion:
-// cp_async_wait.
-//
-// Thread tid copies chunk tid % 16 of rows tid / 16 + i·(NUM_THREADS / 16): one column, so the source
-// and destination of copy i are the thread's first ones plus compile-time offsets (the swizzle key
-// row % 8 is the same for all i because NUM_THREADS / 16 is a multiple of 8), and the per-tile
-// address work is one predicate and one select per copy instead of a dozen live registers.
-template <int ROWS>
-__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int valid_rows, int tid) {
-    constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / NUM_THREADS;
-    constexpr int ROWS_PER_PASS = NUM_THREADS / CHUNKS_PER_ROW;
-    const int row0 = unsigned(tid) / CHUNKS_PER_ROW, col = (unsigned(tid) % CHUNKS_PER_ROW) * 8;
-    const uint32_t dst0 = smem_addr(dst + smem_offset(row0, col));
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-        const int row = row0 + i * ROWS_PER_PASS;
-        cp_async_16(dst0 + i * ROWS_PER_PASS * HEAD_DIM * 2, src + (min(row, valid_rows - 1) * HEAD_DIM + col),
-                    row < valid_rows ? 16 : 0);
-    }
-}
-
-// Flip the sign of every element this thread's load_tile_async wrote (same chunk mapping): after
-// cp_async_wait those writes are visible to this thread, so no barrier is needed before the flip.
-// Flipping bf16 sign bits is exact.
-template <int ROWS>
-__device__ __forceinline__ void negate_tile(bf16* tile, int tid) {
-    constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / NUM_THREADS;
-    constexpr int ROWS_PER_PASS = NUM_THREADS / CHUNKS_PER_ROW;
-    const int row0 = unsigned(tid) / CHUNKS_PER_ROW, col = (unsigned(tid) % CHUNKS_PER_ROW) * 8;
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-        uint4* chunk = reinterpret_cast<uint4*>(tile + smem_offset(row0 + i * ROWS_PER_PASS, col));
-        chunk->x ^= 0x80008000u, chunk->y ^= 0x80008000u, chunk->z ^= 0x80008000u, chunk->w ^= 0x80008000u;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Fragment helpers. Notation (PTX ISA mma.m16n8k16): lane = 4*g + t, g = groupID (0..7),
@@ -181,73 +70,20 @@ __device__ __forceinline__ void negate_tile(bf16* tile, int tid) {
 //   C (16x8):  c0,c1 = (g, 2t..2t+1)   c2,c3 = (g+8, 2t..2t+1)
 // ---------------------------------------------------------------------------------------------
 
-// ldmatrix row addresses. a-layout: the lane's row address such that the four matrices are the four
-// 8x8 quarters of a 16x16 block in A-fragment order: [rows 0-7 | rows 8-15] x [cols 0-7 | cols 8-15]
-// -> a0, a1, a2, a3. With .trans on a row-major V block (rows = keys, cols = head dims) the same
-// addresses give B fragments of two n8 tiles: r0, r1 = (b0, b1) of columns col0..col0+7 and
-// r2, r3 = (b0, b1) of columns col0+8..col0+15.
-// b-layout (no .trans) on a row-major K block: matrices are [keys n0..n0+7, dims k0..k0+7],
-// [keys n0..n0+7, dims k0+8..], [keys n0+8.., dims k0..], [keys n0+8.., dims k0+8..], i.e.
-// r0, r1 = (b0, b1) of the n8 tile of keys n0.. and r2, r3 = (b0, b1) of the tile of keys n0+8..
-//
-// With the swizzle an address is no longer linear in (row0, col0); precomputing one address per
-// block would take dozens of registers. Instead: every block starts on a multiple of 8 rows, so a
-// lane's swizzle key (row % 8) is fixed, and for a column col0 that is a multiple of 16 the lane's
-// 16-byte chunk is (col0 / 8) XOR (lane's own chunk in block (0, 0)), col0 / 8 being even. In bytes,
-// with the tile 256-byte aligned (bits 0-7 of its address zero):
-//     addr(row0, col0) = (base XOR 2·col0) + 256·row0,     base = lane's address in block (0, 0)
-// (2·col0 only touches bits 5-7, which the tile address and 256·row0 leave alone). One register per
-// tile, one LOP3 per distinct col0, the row offset an immediate of the ldmatrix.
-__device__ __forceinline__ uint32_t a_lane_base(uint32_t tile, int lane) {
-    return tile + 2 * smem_offset(lane & 15, (lane >> 4) * 8);
-}
-
-__device__ __forceinline__ uint32_t b_lane_base(uint32_t tile, int lane) {
-    return tile + 2 * smem_offset((lane & 7) + ((lane >> 4) << 3), ((lane >> 3) & 1) * 8);
-}
-
-// Address of the lane's row of the 16x16 block at (row0, col0); row0 a multiple of 8, col0 of 16.
-__device__ __forceinline__ uint32_t block_addr(uint32_t base, int row0, int col0) {
-    return (base ^ (2 * col0)) + row0 * HEAD_DIM * 2;
-}
-
-// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
-// slice j of P·V, element for element:
-//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
-//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
-__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
-                                                const float (&s_hi)[4]) {
-    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
-    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
-    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
-    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
-}
-
-// Max over the 4 threads of a quad (they hold the BLOCK_N columns of one row between them).
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
 // 2 CTAs per SM: caps registers at 65536 / (2 x NUM_THREADS) (255 for 128 threads).
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
-attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-         bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
+    attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+             bf16* __restrict__ o, int seqlen_q, int seqlen_k, int num_m_blocks, float scale) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // block_addr needs 256-B aligned tiles. Dynamic shared memory starts 1 KB-aligned (ptxas folds this
     // test away); trap rather than compute garbage should that ever change.
     if (smem_addr(smem_raw) % 256 != 0) __trap();
     bf16* s_q = reinterpret_cast<bf16*>(smem_raw);  // BLOCK_M x HEAD_DIM
-    bf16* s_kv = s_q + BLOCK_M * HEAD_DIM;           // NUM_STAGES x (K tile, V tile)
+    bf16* s_kv = s_q + BLOCK_M * HEAD_DIM;          // NUM_STAGES x (K tile, V tile)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -280,7 +116,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
 
     // Q stays in shared memory; the warps read their A fragments from there at every k-step. Its group
     // is older than tile 0's, so the first tile's wait and barrier below cover it.
-    const uint32_t q_base = a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * HEAD_DIM * 2, lane);  // warp's 32 rows
+    const uint32_t q_base =
+        a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * HEAD_DIM * 2, lane);  // warp's 32 rows
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
     // bits of the shared tile, exact; wait for this thread's Q copies first) and the max of the raw
@@ -291,7 +128,7 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         cp_async_wait<NUM_STAGES - 1>();
         negate_tile<BLOCK_M>(s_q, tid);
     }
-    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 
     // This thread's rows are g and g + 8 of each of the warp's two m16 tiles: [mt][0] and [mt][1] below
     // (warp rows 16·mt + g and 16·mt + g + 8).
@@ -299,7 +136,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-        for (int j = 0; j < O_TILES; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
+        for (int j = 0; j < O_TILES; ++j)
+            o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
     }
     // row_max: raw scores (scale not applied); row_sum: this thread's partials, quad-summed at the end.
     float row_max[M_TILES][2], row_sum[M_TILES][2], row_err[M_TILES][2];
@@ -309,7 +147,7 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
         row_err[mt][0] = row_err[mt][1] = 0.f;
     }
-    const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
+    const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
 
     for (int nb = 0; nb * BLOCK_N < seqlen_k; ++nb) {  // (not nb < num_n_blocks: one register less)
         const int n_start = nb * BLOCK_N;
@@ -350,7 +188,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
         }
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
-        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit - n_start.
+        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit -
+        // n_start.
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -373,8 +212,9 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
                 tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][j][0], s[mt][j][1]));
                 tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][j][2], s[mt][j][3]));
             }
-            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the max
-            // did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge |max·c|.
+            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
+            // max did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge
+            // |max·c|.
             float alpha[2];
             smx::RowRescale rs[2];
 #pragma unroll
@@ -390,7 +230,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
             for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] = smx::fast_exp2(fmaf(s[mt][j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+                    s[mt][j][e] = smx::fast_exp2(
+                        fmaf(s[mt][j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                     row_sum[mt][e >> 1] += s[mt][j][e];
                 }
             }
@@ -411,7 +252,8 @@ attn_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __r
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-            for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
+            for (int kv = 0; kv < KV_STEPS; ++kv)
+                pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
         }
 #pragma unroll
         for (int j = 0; j < O_TILES; j += 2) {

@@ -27,21 +27,11 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "abi.cuh"
 #include "hopper.cuh"
+#include "mma_sync.cuh"
 #include "softmax.cuh"
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
-#endif
 #ifndef NUM_STAGES
 #error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
 #endif
@@ -49,21 +39,17 @@
 #error "Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
 #endif
 
-typedef __nv_bfloat16 bf16;
-
-#define NEG_INF (-CUDART_INF_F)
-
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int M_TILES = 2;                       // m16 tiles of Q per warp
-constexpr int WARP_ROWS = 16 * M_TILES;          // rows of Q per warp (32)
-constexpr uint32_t ROW_BYTES = 128;               // one row of a 64-column bf16 panel
-constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;  // bytes of one 64-column panel of the Q tile
-constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES; // ... of a K or V tile
-constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;   // a K (or V) tile: two panels
-constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
-constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp
-constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
-constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp
+constexpr int M_TILES = 2;                          // m16 tiles of Q per warp
+constexpr int WARP_ROWS = 16 * M_TILES;             // rows of Q per warp (32)
+constexpr uint32_t ROW_BYTES = 128;                 // one row of a 64-column bf16 panel
+constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;   // bytes of one 64-column panel of the Q tile
+constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES;  // ... of a K or V tile
+constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;    // a K (or V) tile: two panels
+constexpr int D_STEPS = HEAD_DIM / 16;              // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;                // n8 tiles of S per warp
+constexpr int KV_STEPS = BLOCK_N / 16;              // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;               // n8 tiles of O per warp
 
 static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
 static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
@@ -71,44 +57,12 @@ static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles ar
 static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
 static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 32 rows of Q");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the mma K (16)");
+static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
+              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 b16 matrices; lane 8*i + r supplies the address of row r of matrix i, and register i of
-// lane 4*r + c receives elements (r, 2c) and (r, 2c + 1) of matrix i (PTX ISA, "ldmatrix").
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// Same, each 8x8 matrix transposed on the way: lane 4*r + c receives elements (2c, r) and (2c + 1, r).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a · b for one 16x8x16 tile: a is 16x16 (row-major fragment), b is 16x8 (column fragment).
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
@@ -126,16 +80,6 @@ __device__ __forceinline__ uint32_t smem_offset(int row, int col) {
 // ---------------------------------------------------------------------------------------------
 // Global -> shared tile copies (TMA, one thread)
 // ---------------------------------------------------------------------------------------------
-
-// A (rows x 128) bf16 tile = two 64-column panels, each `rows / box_rows` boxes high; panel p lands at
-// dst + p * rows * 128 B. Coordinates (col, row, bh), innermost first; rows past seqlen are zero-filled
-// by the TMA unit and still count toward the barrier's transaction bytes.
-__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
-                                              int box_rows, int row0, int bh) {
-    for (int p = 0; p < 2; ++p)
-        for (int r = 0; r < rows; r += box_rows)
-            hop::tma_load_3d(dst + (p * rows + r) * ROW_BYTES, map, bar, p * 64, row0 + r, bh);
-}
 
 // Flip the sign of every element of a `bytes`-long tile (any layout: every bf16 of it is data), 16 bytes
 // per thread and step. Callers order it after the tile's mbarrier wait and before readers with a
@@ -187,45 +131,22 @@ __device__ __forceinline__ uint32_t block_addr(uint32_t base, uint32_t panel, in
     return (base ^ (2 * (col0 % 64))) + (col0 / 64) * panel + row0 * ROW_BYTES;
 }
 
-// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
-// slice j of P·V, element for element:
-//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
-//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
-__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
-                                                const float (&s_hi)[4]) {
-    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
-    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
-    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
-    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
-}
-
-// Max over the 4 threads of a quad (they hold the BLOCK_N columns of one row between them).
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
 // 2 CTAs per SM: caps registers at 65536 / (2 x NUM_THREADS) (255 for 128 threads).
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
-attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
-         const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
-         int num_m_blocks, float scale) {
+    attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
+             const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
+             int num_m_blocks, float scale) {
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* s_q = hop::align_1024(smem_raw);        // 2 panels x BLOCK_M rows
-    unsigned char* s_k = s_q + 2 * Q_PANEL;                // NUM_STAGES K tiles
-    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES; // NUM_STAGES V tiles
+    unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
+    unsigned char* s_k = s_q + 2 * Q_PANEL;                 // NUM_STAGES K tiles
+    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
     __shared__ __align__(8) uint64_t bar_q;
-    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];   // K tile of the stage has landed
-    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];   // V tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];  // K tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];  // V tile of the stage has landed
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -240,11 +161,11 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     auto load_kv = [&](int nb) {
         const int slot = nb % NUM_STAGES;
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
-        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
-                      bh);
+        hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
+                           nb * BLOCK_N, bh);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
-        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
-                      bh);
+        hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
+                           nb * BLOCK_N, bh);
     };
 
     // Prologue: barriers (one arrival each: thread 0's arrive.expect_tx), then Q and K/V tiles
@@ -263,14 +184,15 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     __syncthreads();
     if (tid == 0) {
         hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
-        tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+        hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
         for (int nb = 0; nb < NUM_STAGES - 1 && nb < num_n_blocks; ++nb) load_kv(nb);
     }
     __syncwarp();
 
     // Q stays in shared memory; the warps read their A fragments from there at every k-step.
     hop::mbar_wait(&bar_q, 0);
-    const uint32_t q_base = a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * ROW_BYTES, lane);  // warp's 32 rows
+    const uint32_t q_base =
+        a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * ROW_BYTES, lane);  // warp's 32 rows
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
     // bits of the shared tile, exact; the first tile's __syncthreads orders it before any ldmatrix) and
@@ -278,7 +200,7 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     // the smallest normal float: the same P, but −inf · scale stays −inf for masked keys and for the
     // first tile's max instead of turning into NaN.
     if (scale < 0.f) negate_tile(s_q, 2 * Q_PANEL, tid);
-    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 
     // This thread's rows are g and g + 8 of each of the warp's two m16 tiles: [mt][0] and [mt][1] below
     // (warp rows 16·mt + g and 16·mt + g + 8).
@@ -286,7 +208,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-        for (int j = 0; j < O_TILES; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
+        for (int j = 0; j < O_TILES; ++j)
+            o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.f;
     }
     // row_max: raw scores (scale not applied); row_sum: this thread's partials, quad-summed at the end.
     float row_max[M_TILES][2], row_sum[M_TILES][2], row_err[M_TILES][2];
@@ -296,18 +219,22 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
         row_err[mt][0] = row_err[mt][1] = 0.f;
     }
-    const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
+    const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
 
-    uint32_t phase = 0;  // parity of the barrier phase that holds tile nb in its slot
+    hop::PipelineState<NUM_STAGES> ring;  // tile nb's slot, and the parity of the phase it completes there
     for (int nb = 0; nb * BLOCK_N < seqlen_k; ++nb) {  // (not nb < num_n_blocks: one register less)
         const int n_start = nb * BLOCK_N;
-        const int slot = nb % NUM_STAGES;
+        const int slot = ring.index;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (ldmatrix reads are complete once the warp has their registers).
-        // CHECK: generic-proxy reads then async-proxy (TMA) writes, ordered only by this barrier; if a
-        // race ever shows, add hop::fence_proxy_async() just before it.
+        // Those reads are generic-proxy accesses and the TMA write is an async-proxy one: the barrier
+        // orders them within the generic proxy only, so thread 0 also issues a proxy fence between
+        // the two (PTX ISA "Memory Consistency Model: Proxies", fence.proxy.async).
         __syncthreads();
-        if (tid == 0 && (nb + NUM_STAGES - 1) * BLOCK_N < seqlen_k) load_kv(nb + NUM_STAGES - 1);
+        if (tid == 0 && (nb + NUM_STAGES - 1) * BLOCK_N < seqlen_k) {
+            hop::fence_proxy_async();
+            load_kv(nb + NUM_STAGES - 1);
+        }
         __syncwarp();
         const uint32_t k_base = b_lane_base(smem_addr(s_k + slot * KV_TILE_BYTES), lane);
         const uint32_t v_base = a_lane_base(smem_addr(s_v + slot * KV_TILE_BYTES), lane);
@@ -320,12 +247,13 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
 #pragma unroll
             for (int j = 0; j < S_TILES; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
         }
-        hop::mbar_wait(&bar_k[slot], phase);
+        hop::mbar_wait(&bar_k[slot], ring.phase);
 #pragma unroll
         for (int d = 0; d < D_STEPS; ++d) {
             uint32_t q_frag[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(q_frag[mt], block_addr(q_base, Q_PANEL, mt * 16, d * 16));
+            for (int mt = 0; mt < M_TILES; ++mt)
+                ldmatrix_x4(q_frag[mt], block_addr(q_base, Q_PANEL, mt * 16, d * 16));
 #pragma unroll
             for (int j = 0; j < S_TILES; j += 2) {
                 uint32_t kb[4];
@@ -339,7 +267,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         }
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
-        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit - n_start.
+        // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit -
+        // n_start.
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -362,8 +291,9 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
                 tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][j][0], s[mt][j][1]));
                 tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][j][2], s[mt][j][3]));
             }
-            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the max
-            // did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge |max·c|.
+            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
+            // max did not change. See softmax.cuh for why P, l and alpha must share R, and for rows of huge
+            // |max·c|.
             float alpha[2];
             smx::RowRescale rs[2];
 #pragma unroll
@@ -379,7 +309,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
             for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] = smx::fast_exp2(fmaf(s[mt][j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+                    s[mt][j][e] = smx::fast_exp2(
+                        fmaf(s[mt][j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                     row_sum[mt][e >> 1] += s[mt][j][e];
                 }
             }
@@ -400,9 +331,10 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-            for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
+            for (int kv = 0; kv < KV_STEPS; ++kv)
+                pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
         }
-        hop::mbar_wait(&bar_v[slot], phase);
+        hop::mbar_wait(&bar_v[slot], ring.phase);
 #pragma unroll
         for (int j = 0; j < O_TILES; j += 2) {
 #pragma unroll
@@ -416,7 +348,7 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
                 }
             }
         }
-        if (slot == NUM_STAGES - 1) phase ^= 1;  // the next use of each slot is its next phase
+        ring.advance();  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

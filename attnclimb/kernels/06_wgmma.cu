@@ -29,21 +29,10 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
-#include "hopper.cuh"
+#include "abi.cuh"
 #include "softmax.cuh"
+#include "wgmma_attn.cuh"
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_M
-#error "BLOCK_M must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef BLOCK_N
-#error "BLOCK_N must be defined by the host (see attnclimb/rungs.py)"
-#endif
-#ifndef NUM_THREADS
-#error "NUM_THREADS must be defined by the host (see attnclimb/rungs.py)"
-#endif
 #ifndef NUM_STAGES
 #error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
 #endif
@@ -51,21 +40,17 @@
 #error "Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
 #endif
 
-typedef __nv_bfloat16 bf16;
-
-#define NEG_INF (-CUDART_INF_F)
-
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int WARP_ROWS = 16;                    // rows of Q per warp (its part of a wgmma's M = 64)
-constexpr int WARPGROUP_ROWS = 64;               // M of one wgmma: 4 warps x 16 rows
-constexpr uint32_t ROW_BYTES = 128;               // one row of a 64-column bf16 panel
-constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;  // bytes of one 64-column panel of the Q tile
-constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES; // ... of a K or V tile
-constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;   // a K (or V) tile: two panels
-constexpr int D_STEPS = HEAD_DIM / 16;           // k16 steps of Q·Kᵀ (over head_dim)
-constexpr int S_TILES = BLOCK_N / 8;             // n8 tiles of S per warp (accumulator groups of 4)
-constexpr int KV_STEPS = BLOCK_N / 16;           // k16 steps of P·V (over keys)
-constexpr int O_TILES = HEAD_DIM / 8;            // n8 tiles of O per warp (accumulator groups of 4)
+constexpr int WARP_ROWS = 16;                       // rows of Q per warp (its part of a wgmma's M = 64)
+constexpr int WARPGROUP_ROWS = 64;                  // M of one wgmma: 4 warps x 16 rows
+constexpr uint32_t ROW_BYTES = 128;                 // one row of a 64-column bf16 panel
+constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;   // bytes of one 64-column panel of the Q tile
+constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES;  // ... of a K or V tile
+constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;    // a K (or V) tile: two panels
+constexpr int D_STEPS = HEAD_DIM / 16;              // k16 steps of Q·Kᵀ (over head_dim)
+constexpr int S_TILES = BLOCK_N / 8;                // n8 tiles of S per warp (accumulator groups of 4)
+constexpr int KV_STEPS = BLOCK_N / 16;              // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;               // n8 tiles of O per warp (accumulator groups of 4)
 
 static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
 static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
@@ -74,20 +59,12 @@ static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 
 static_assert(BLOCK_M == NUM_WARPS * WARP_ROWS, "each warp owns 16 rows of Q");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
+static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
+              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Two fp32 values -> one register of two bf16 (lo in the low half, as mma expects).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
@@ -102,16 +79,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // Global -> shared tile copies (TMA, one thread)
 // ---------------------------------------------------------------------------------------------
 
-// A (rows x 128) bf16 tile = two 64-column panels, each `rows / box_rows` boxes high; panel p lands at
-// dst + p * rows * 128 B. Coordinates (col, row, bh), innermost first; rows past seqlen are zero-filled
-// by the TMA unit and still count toward the barrier's transaction bytes.
-__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
-                                              int box_rows, int row0, int bh) {
-    for (int p = 0; p < 2; ++p)
-        for (int r = 0; r < rows; r += box_rows)
-            hop::tma_load_3d(dst + (p * rows + r) * ROW_BYTES, map, bar, p * 64, row0 + r, bh);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fragment helpers. Notation: lane = 4*g + t, g = groupID (0..7), t = threadID_in_group (0..3).
 // Per warp, the wgmma m64nNk16 fragments are the mma.m16n8k16 ones (PTX ISA "Register Fragments"):
@@ -119,80 +86,21 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc*
 //   D (16xN):  d[j][0], d[j][1] = (g, 8j + 2t..8j + 2t+1)   d[j][2], d[j][3] = (g+8, 8j + 2t..)
 // ---------------------------------------------------------------------------------------------
 
-// S = Q·Kᵀ for the warpgroup whose 64 rows of Q start at shared address q_rows: head_dim 128 =
-// 8 k16 steps, 4 per 64-column panel. Q (A) and K (B) are both K-major (contiguous along head_dim);
-// the k16 slice kk % 4 of a panel starts 32 B further into each 128-B swizzled row. SIGN = -1
-// computes S = (−Q)·Kᵀ (wgmma's imm-scale-a). The wgmmas are one group, waited for here, so that the
-// caller's branch between the two signs holds whole groups.
-template <int SIGN>
-__device__ __forceinline__ void gemm_qk(float (&s)[S_TILES][4], uint32_t q_rows, uint32_t k_tile) {
-    hop::wgmma_fence();  // s was read and written by the previous tile's softmax
-#pragma unroll
-    for (int d = 0; d < D_STEPS; ++d) {
-        // CHECK: k16 slice inside a 128-B swizzled row = start address + 32 B (base offset field 0).
-        const uint32_t panel = d / 4, koff = (d % 4) * 32;
-        const uint64_t a = hop::desc_kmajor_sw128(q_rows + panel * Q_PANEL + koff);
-        const uint64_t b = hop::desc_kmajor_sw128(k_tile + panel * KV_PANEL + koff);
-        hop::wgmma_ss<BLOCK_N, SIGN>(s, a, b, d > 0);  // the first step overwrites S (scale-d = 0)
-    }
-    hop::wgmma_commit();
-    hop::wgmma_wait<0>();
-}
-
-// O += P·V: KV_STEPS k16 steps over the keys, P from registers. B = V (keys x 128) is MN-major: 16 keys
-// = two groups of 8 rows 1024 B apart (SBO), head_dim 128 = two 64-column panels KV_PANEL bytes apart
-// (LBO). The k16 slice kv starts 16 rows = 2048 B into each panel.
-__device__ __forceinline__ void gemm_pv(float (&o)[O_TILES][4], const uint32_t (&p)[KV_STEPS][4],
-                                        uint32_t v_tile) {
-    hop::wgmma_fence();  // o was rescaled and p written since the last wgmma
-#pragma unroll
-    for (int kv = 0; kv < KV_STEPS; ++kv) {
-        // CHECK: MN-major descriptor: LBO = next 64-column panel, SBO = next 8 keys (see hopper.cuh).
-        const uint64_t b = hop::desc_mnmajor_sw128(v_tile + kv * 16 * ROW_BYTES, KV_PANEL);
-        hop::wgmma_m64n128k16_rs<1>(o, p[kv], b, 1);
-    }
-    hop::wgmma_commit();
-    hop::wgmma_wait<0>();
-}
-
-// The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
-// slice j of P·V, element for element:
-//   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
-//   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
-__device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
-                                                const float (&s_hi)[4]) {
-    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
-    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
-    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
-    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
-}
-
-// Max over the 4 threads of a quad (they hold the 64 columns of one row between them).
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
-attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
-         const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
-         int num_m_blocks, float scale) {
+    attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
+             const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
+             int num_m_blocks, float scale) {
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* s_q = hop::align_1024(smem_raw);        // 2 panels x BLOCK_M rows
-    unsigned char* s_k = s_q + 2 * Q_PANEL;                // NUM_STAGES K tiles
-    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES; // NUM_STAGES V tiles
+    unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
+    unsigned char* s_k = s_q + 2 * Q_PANEL;                 // NUM_STAGES K tiles
+    unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
     __shared__ __align__(8) uint64_t bar_q;
-    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];   // K tile of the stage has landed
-    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];   // V tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];  // K tile of the stage has landed
+    __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];  // V tile of the stage has landed
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -206,11 +114,11 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     auto load_kv = [&](int nb) {
         const int slot = nb % NUM_STAGES;
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
-        tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
-                      bh);
+        hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
+                           nb * BLOCK_N, bh);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
-        tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS, nb * BLOCK_N,
-                      bh);
+        hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
+                           nb * BLOCK_N, bh);
     };
 
     // Prologue: barriers (one arrival each: thread 0's arrive.expect_tx), then Q and K/V tiles
@@ -229,7 +137,7 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     __syncthreads();
     if (tid == 0) {
         hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
-        tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+        hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
         for (int nb = 0; nb < NUM_STAGES - 1 && nb < num_n_blocks; ++nb) load_kv(nb);
     }
     __syncwarp();
@@ -244,24 +152,24 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
     // scale (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
     // masked keys and for the first tile's max instead of turning into NaN.
     const bool negate = scale < 0.f;
-    scale = fmaxf(fabsf(scale), 1.17549435e-38f);  // FLT_MIN
+    scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 
     // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below.
     float o_acc[O_TILES][4];
 #pragma unroll
     for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
     float row_max[2] = {smx::ROW_MAX_INIT, smx::ROW_MAX_INIT};  // raw scores; finite: see softmax.cuh
-    float row_err[2] = {0.f, 0.f};  // e = max·c − R of each row (softmax.cuh)
-    const float scale_log2 = scale * 1.4426950408889634f;  // exp(scale·x) = 2^(scale_log2·x)
+    float row_err[2] = {0.f, 0.f};                              // e = max·c − R of each row (softmax.cuh)
+    const float scale_log2 = scale * CUDART_L2E_F;              // exp(scale·x) = 2^(scale_log2·x)
     float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; summed over the quad at the end
-    float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
+    float s[S_TILES][4];            // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
-    uint32_t phase = 0;  // parity of the barrier phase that holds tile nb in its slot
+    hop::PipelineState<NUM_STAGES> ring;  // tile nb's slot, and the parity of the phase it completes there
     for (int nb = 0; nb < num_n_blocks; ++nb) {
         const int n_start = nb * BLOCK_N;
-        const int slot = nb % NUM_STAGES;
+        const int slot = ring.index;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (each warpgroup waited for its wgmmas, which read the slot).
         __syncthreads();
@@ -271,12 +179,12 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
 
         // ---- S = Q·Kᵀ (64 x BLOCK_N per warpgroup), fp32 in registers ----
-        hop::mbar_wait(&bar_k[slot], phase);
+        hop::mbar_wait(&bar_k[slot], ring.phase);
         hop::reg_fence(s);
         if (negate)  // warp-uniform: a kernel argument
-            gemm_qk<-1>(s, q_rows, s_kt);
+            gemm_qk<-1, BLOCK_N>(s, q_rows, Q_PANEL, s_kt, KV_PANEL);
         else
-            gemm_qk<1>(s, q_rows, s_kt);
+            gemm_qk<1, BLOCK_N>(s, q_rows, Q_PANEL, s_kt, KV_PANEL);
         hop::reg_fence(s);  // no read of S above the wgmma wait
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
@@ -314,7 +222,8 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[j][e] = smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+                s[j][e] =
+                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                 row_sum[e >> 1] += s[j][e];
             }
         }
@@ -330,12 +239,12 @@ attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc
         uint32_t p_frag[KV_STEPS][4];
 #pragma unroll
         for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[kv], s[2 * kv], s[2 * kv + 1]);
-        hop::mbar_wait(&bar_v[slot], phase);
+        hop::mbar_wait(&bar_v[slot], ring.phase);
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);  // the rescale above happens before the wgmmas, not during them
-        gemm_pv(o_acc, p_frag, s_vt);
+        gemm_pv<BLOCK_N>(o_acc, p_frag, s_vt, KV_PANEL);
         hop::reg_fence(o_acc);
-        if (slot == NUM_STAGES - 1) phase ^= 1;  // the next use of each slot is its next phase
+        ring.advance();  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -1,6 +1,7 @@
 // hopper.cuh — named device helpers for the Hopper rungs (5+), each a thin wrapper over one PTX
 // instruction. Every helper cites the PTX ISA section (by title; numbering moves between ISA versions)
-// it was written from. Only rungs 5 and above include this file.
+// it was written from, and the TMA tile and ring bookkeeping of rungs 5+. Only rungs 5 and above
+// include this file.
 //
 //   TMA       : "Data Movement and Conversion Instructions: cp.async.bulk.tensor", "prefetch.tensormap"
 //   mbarrier  : "Parallel Synchronization and Communication Instructions: mbarrier"
@@ -14,16 +15,11 @@
 // (from __cvta_generic_to_shared); every asm that orders memory has a "memory" clobber.
 #pragma once
 
-#include <cuda_bf16.h>
-
-// NVRTC has no <stdint.h>; redeclaring a typedef to the same type is legal, so a rung that has its own
-// uint32_t typedef may include this header too.
-typedef unsigned int uint32_t;
-typedef unsigned long long uint64_t;
+#include "common.cuh"
 
 // The tensor-map parameter type of the TMA ABI (docs/kernel-abi.md): an opaque CUtensorMap, 128 bytes.
 struct alignas(64) TmaDesc {
-  unsigned long long opaque[16];
+    unsigned long long opaque[16];
 };
 
 namespace hop {
@@ -32,17 +28,13 @@ namespace hop {
 // Addresses
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Round a shared-memory pointer up to a 1024-byte boundary. 128-byte-swizzled TMA destinations and
 // wgmma operands repeat their swizzle pattern every 8 rows x 128 B = 1024 B, and both the TMA unit
 // and the wgmma descriptor (base offset field = 0) assume the pattern starts at a 1024-B boundary.
 // The dynamic shared-memory base is only guaranteed 16-B aligned, hence the +1 KB slack in rungs.py.
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
-  const uint32_t a = smem_u32(p);
-  return p + (((a + 1023u) & ~1023u) - a);
+    const uint32_t a = smem_addr(p);
+    return p + (((a + 1023u) & ~1023u) - a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -53,50 +45,69 @@ __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
 
 // PTX ISA "mbarrier.init": expected arrival count for every phase.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
 // Make mbarrier.init (a generic-proxy write) visible before any thread or the TMA unit (async proxy)
 // uses the barrier. fence.mbarrier_init ("membar / fence") exists only in .release.cluster form; the proxy
 // fence covers the async proxy. Follow with __syncthreads() for the other threads of the CTA.
 __device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // PTX ISA "mbarrier.arrive" with .expect_tx ("mbarrier.expect_tx"): one arrival plus
 // "tx_bytes more bytes will be delivered by complete_tx" (the TMA loads signalling this barrier).
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(tx_bytes)
-               : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(tx_bytes)
+                 : "memory");
 }
 
 // PTX ISA "mbarrier.arrive": one arrival (release semantics at CTA scope by default).
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // PTX ISA "mbarrier.test_wait / mbarrier.try_wait", .parity variant: true once the phase with parity
 // `parity` has completed (acquire semantics at CTA scope by default). try_wait may suspend the thread
 // for a system-dependent time before returning false, so a plain retry loop is not a hot spin.
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
 }
 
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
+    while (!mbar_try_wait(bar, parity)) {
+    }
 }
+
+// Where a ring of NUM_STAGES buffers stands: the slot of the current tile and the parity of the phase
+// that tile's barriers complete on. Tile n uses slot n % STAGES and, on each of that slot's barriers,
+// completes phase n / STAGES, whose parity is (n / STAGES) & 1; advance() steps to tile n + 1. A
+// producer waiting to refill a slot waits for its "empty" barrier to complete the phase before, i.e.
+// parity phase ^ 1 (that barrier's previous phase).
+template <int STAGES>
+struct PipelineState {
+    int index = 0;
+    uint32_t phase = 0;
+    // The parity a refill of this slot waits for on the slot's "empty" barrier: its previous phase.
+    __device__ __forceinline__ uint32_t prev_phase() const { return phase ^ 1; }
+    __device__ __forceinline__ void advance() {
+        if (++index == STAGES) {
+            index = 0;
+            phase ^= 1;
+        }
+    }
+};
 
 // ---------------------------------------------------------------------------------------------
 // TMA (PTX ISA "cp.async.bulk.tensor", "prefetch / prefetch.tensormap")
@@ -105,7 +116,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // Pull the 128-byte tensor map into the TMA unit's descriptor cache ahead of first use. `map` is the
 // generic address of a __grid_constant__ kernel parameter (the form the ISA allows for tensorMap).
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 // One 3-D box global -> shared, completion signalled on `bar` as complete_tx(box bytes). The box
@@ -116,21 +127,34 @@ __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
 // for the 128-B swizzle (the swizzle pattern is a function of the shared address bits [4,10)).
 __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, uint64_t* bar, int c0, int c1,
                                             int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];"
-      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
-        "r"(smem_u32(bar))
-      : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+        : "memory");
+}
+
+// The tiles of rungs 5+: a (rows x 128) bf16 tile is two 64-column panels of 128-B rows (the 128-B
+// swizzle's row width), panel p at dst + p * rows * 128 B, each loaded as `rows / box_rows` boxes.
+// Coordinates (col, row, bh), innermost first; rows past seqlen are zero-filled by the TMA unit and
+// still count toward the barrier's transaction bytes (2 * rows * 128 B for the whole tile).
+constexpr uint32_t PANEL_ROW_BYTES = 128;
+
+__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
+                                              int box_rows, int row0, int bh) {
+    for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            tma_load_3d(dst + (p * rows + r) * PANEL_ROW_BYTES, map, bar, p * 64, row0 + r, bh);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Proxy fence (PTX ISA "membar / fence": fence.proxy.async). Shared memory written by ordinary
-// st.shared (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence first.
+// st.shared (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence first;
+// so does memory read by ordinary loads (ldmatrix) and then overwritten by a TMA load (rung 5's ring).
 // TMA-load -> wgmma needs none: both are async proxy, ordered by the mbarrier wait.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,13 +164,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 // ---------------------------------------------------------------------------------------------
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
-  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
-  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg count");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -160,11 +184,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // Compiler-only fence on registers: an empty asm that "reads and writes" each register, so the
@@ -173,22 +197,22 @@ __device__ __forceinline__ void wgmma_wait() {
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 template <int N>
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 template <int N, int M>
 __device__ __forceinline__ void reg_fence(float (&r)[N][M]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+    for (int i = 0; i < N; ++i) reg_fence(r[i]);
 }
 template <int N, int M>
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][M]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+    for (int i = 0; i < N; ++i) reg_fence(r[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,23 +237,23 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][M]) {
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
                                                          uint32_t sbo_bytes) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
-  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
-  return d;
+    uint64_t d = 0;
+    d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+    d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+    d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+    d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
+    return d;
 }
 
 // K-major tile whose 8-row atoms are 1024 B apart (a TMA 64-column panel).
 __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_addr) {
-  return make_smem_desc_sw128(smem_addr, 16, 1024);
+    return make_smem_desc_sw128(smem_addr, 16, 1024);
 }
 
 // MN-major tile: 64-wide N groups `n_group_stride` bytes apart (panel stride), 8-row K groups 1024 B
 // apart.
 __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint32_t n_group_stride) {
-  return make_smem_desc_sw128(smem_addr, n_group_stride, 1024);
+    return make_smem_desc_sw128(smem_addr, n_group_stride, 1024);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,116 +275,114 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint3
 // Every accumulator is a "+f" operand so the compiler treats it as read and written by the asm.
 // ---------------------------------------------------------------------------------------------
 // Accumulators of the n8 tiles j and j + 1 (8 registers).
-#define HOP_ACC8(d, j)                                                                             \
-  "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[(j) + 1][0]), "+f"(d[(j) + 1][1]), \
-      "+f"(d[(j) + 1][2]), "+f"(d[(j) + 1][3])
+#define HOP_ACC8(d, j)                                                                                    \
+    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[(j) + 1][0]), "+f"(d[(j) + 1][1]), \
+        "+f"(d[(j) + 1][2]), "+f"(d[(j) + 1][3])
 
 // m64n64k16, A and B from shared memory (both K-major), fp32 accumulators: d[8][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-      " %32, %33, p, %35, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
-      "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+        " %32, %33, p, %35, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n128k16, A and B from shared memory (both K-major), fp32 accumulators: d[16][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                                   int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-      " %64, %65, p, %67, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
-      "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
-        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
+                                                    int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+        " %64, %65, p, %67, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
+          HOP_ACC8(d, 12), HOP_ACC8(d, 14)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n176k16, A and B from shared memory (both K-major), fp32 accumulators: d[22][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[22][4], uint64_t desc_a, uint64_t desc_b,
-                                                   int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %90, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
-      " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
-      " %80, %81, %82, %83, %84, %85, %86, %87},\n"
-      " %88, %89, p, %91, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
-      "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
-        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14),
-        HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
+                                                    int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+        " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+        " %80, %81, %82, %83, %84, %85, %86, %87},\n"
+        " %88, %89, p, %91, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
+          HOP_ACC8(d, 12), HOP_ACC8(d, 14), HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n192k16, A and B from shared memory (both K-major), fp32 accumulators: d[24][4].
 // SCALE_A = -1 negates A (the imm-scale-a operand), e.g. for a negative softmax scale.
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[24][4], uint64_t desc_a, uint64_t desc_b,
-                                                   int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
-      " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
-      " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
-      " %96, %97, p, %99, 1, 0, 0;\n"   // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
-      "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
-        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14),
-        HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20), HOP_ACC8(d, 22)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
+                                                    int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+        " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+        " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+        " %96, %97, p, %99, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
+          HOP_ACC8(d, 12), HOP_ACC8(d, 14), HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20), HOP_ACC8(d, 22)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
 // m64n128k16, A from registers (4 x bf16x2 per thread), B from shared memory; tnspB is a
 // template argument (1 = B is MN-major, i.e. contiguous along N). fp32 accumulators: d[16][4].
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4],
-                                                   uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-      " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"   // scale-d, scale-a, scale-b, tnspB
-      "}\n"
-      : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6),
-        HOP_ACC8(d, 8), HOP_ACC8(d, 10), HOP_ACC8(d, 12), HOP_ACC8(d, 14)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+                                                    uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+        " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"  // scale-d, scale-a, scale-b, tnspB
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
+          HOP_ACC8(d, 12), HOP_ACC8(d, 14)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
 #undef HOP_ACC8
@@ -369,18 +391,18 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uin
 template <int N, int SCALE_A = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
-  static_assert(SCALE_A == 1 || SCALE_A == -1, "imm-scale-a is +1 or -1");
-  if constexpr (N == 64) {
-    wgmma_m64n64k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
-  } else if constexpr (N == 128) {
-    wgmma_m64n128k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
-  } else if constexpr (N == 176) {
-    wgmma_m64n176k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
-  } else if constexpr (N == 192) {
-    wgmma_m64n192k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
-  } else {
-    static_assert(N == 64, "wgmma_ss: add an m64nNk16 variant for this N");
-  }
+    static_assert(SCALE_A == 1 || SCALE_A == -1, "imm-scale-a is +1 or -1");
+    if constexpr (N == 64) {
+        wgmma_m64n64k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
+    } else if constexpr (N == 128) {
+        wgmma_m64n128k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
+    } else if constexpr (N == 176) {
+        wgmma_m64n176k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
+    } else if constexpr (N == 192) {
+        wgmma_m64n192k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
+    } else {
+        static_assert(N == 64, "wgmma_ss: add an m64nNk16 variant for this N");
+    }
 }
 
 }  // namespace hop
