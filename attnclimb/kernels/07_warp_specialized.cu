@@ -46,7 +46,6 @@ constexpr uint32_t ROW_BYTES = 128;                 // one row of a 64-column bf
 constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;   // bytes of one 64-column panel of the Q tile
 constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES;  // ... of a K or V tile
 constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;    // a K (or V) tile: two panels
-constexpr int D_STEPS = HEAD_DIM / 16;              // k16 steps of Q·Kᵀ (over head_dim)
 constexpr int S_TILES = BLOCK_N / 8;                // n8 tiles of S per warp (accumulator groups of 4)
 constexpr int KV_STEPS = BLOCK_N / 16;              // k16 steps of P·V (over keys)
 constexpr int O_TILES = HEAD_DIM / 8;               // n8 tiles of O per warp (accumulator groups of 4)
@@ -64,10 +63,6 @@ static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
               "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers
-// ---------------------------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
 // ---------------------------------------------------------------------------------------------
 
@@ -75,17 +70,6 @@ static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
 // c ^ (r % 8), 1024-B aligned. That is exactly the canonical "128-byte swizzle" layout that wgmma
 // reads through a matrix descriptor (see hopper.cuh), so no address arithmetic happens in this file:
 // the descriptors below point at 8-row atoms and the tensor cores apply the XOR themselves.
-
-// ---------------------------------------------------------------------------------------------
-// Global -> shared tile copies (TMA, one thread)
-// ---------------------------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------------------------
-// Fragment helpers. Notation: lane = 4*g + t, g = groupID (0..7), t = threadID_in_group (0..3).
-// Per warp, the wgmma m64nNk16 fragments are the mma.m16n8k16 ones (PTX ISA "Register Fragments"):
-//   A (16x16): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
-//   D (16xN):  d[j][0], d[j][1] = (g, 8j + 2t..8j + 2t+1)   d[j][2], d[j][3] = (g+8, 8j + 2t..)
-// ---------------------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // The kernel
