@@ -280,6 +280,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+    const int bh_out = ctaid_x_again() / num_m_blocks;  // not bh: no register across the loop
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -288,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
             const float inv_l = l > 0.f ? 1.f / l : 0.f;
             const int row = m_start + warp * WARP_ROWS + mt * 16 + g + 8 * r;
             if (row < seqlen_q) {
-                bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+                bf16* dst = o + (bh_out * seqlen_q + row) * HEAD_DIM + 2 * t;
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =

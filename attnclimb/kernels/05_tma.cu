@@ -217,9 +217,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     }
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
 
-    hop::PipelineState<NUM_STAGES> ring;  // tile nb's slot, and the parity of the phase it completes there
     for (int nb = 0; nb * BLOCK_N < seqlen_k; ++nb) {  // (not nb < num_n_blocks: one register less)
         const int n_start = nb * BLOCK_N;
+        const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
         const int slot = ring.index;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (ldmatrix reads are complete once the warp has their registers).
@@ -344,7 +344,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
                 }
             }
         }
-        ring.advance();  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -14,10 +14,11 @@
 // wgmma.fence / commit_group / wait_group); FlashAttention-3 (Shah et al., 2024) Sec. 3 (P kept in
 // registers as the A operand of the second GEMM).
 //
-// Unchanged from rung 5: the TMA loads and mbarriers (thread 0 refills a NUM_STAGES ring, a
-// __syncthreads() per tile guards slot reuse); warp w still owns rows 16w..16w+15 of the 128-row Q
-// tile (warpgroup w/4 issues the wgmmas for rows 64*(w/4)..); the exp2 online softmax, masking and
-// epilogue, line for line.
+// Kept from rung 5: the TMA loads and mbarriers (thread 0 refills a NUM_STAGES ring, a __syncthreads()
+// per tile guards slot reuse; rung 5's proxy fence before a refill goes, because wgmma reads shared
+// memory through the async proxy, as the TMA writes it); warp w still owns rows 16w..16w+15 of the
+// 128-row Q tile (warpgroup w/4 issues the wgmmas for rows 64*(w/4)..); the exp2 online softmax
+// (softmax.cuh), masking and epilogue.
 //
 //   per tile, per warpgroup (64 rows):
 //     wait K ──► S = Q·Kᵀ: 8 x wgmma m64nBLOCK_Nk16 (SS) ──► wait_group 0 ──► mask, softmax (exp2)
@@ -150,9 +151,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
-    hop::PipelineState<NUM_STAGES> ring;  // tile nb's slot, and the parity of the phase it completes there
     for (int nb = 0; nb < num_n_blocks; ++nb) {
         const int n_start = nb * BLOCK_N;
+        const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
         const int slot = ring.index;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (each warpgroup waited for its wgmmas, which read the slot).
@@ -228,7 +229,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
         hop::reg_fence(o_acc);  // the rescale above happens before the wgmmas, not during them
         gemm_pv<BLOCK_N>(o_acc, p_frag, s_vt, KV_PANEL);
         hop::reg_fence(o_acc);
-        ring.advance();  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -18,6 +18,15 @@ typedef __nv_bfloat16 bf16;
 
 #define NEG_INF (-CUDART_INF_F)
 
+// blockIdx.x, read again through a volatile asm that the compiler cannot merge with the kernel's first
+// read: what an epilogue derives from it (the head, the first row) then needs no register across the
+// main loop. Register relief for the rungs that run at the 255-register cap (2-5).
+__device__ __forceinline__ unsigned int ctaid_x_again() {
+    unsigned int cta;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    return cta;
+}
+
 // The 32-bit .shared::cta window address of a pointer into shared memory, as PTX operands want it.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));

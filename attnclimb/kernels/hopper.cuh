@@ -90,21 +90,23 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     }
 }
 
-// Where a ring of NUM_STAGES buffers stands: the slot of the current tile and the parity of the phase
-// that tile's barriers complete on. Tile n uses slot n % STAGES and, on each of that slot's barriers,
-// completes phase n / STAGES, whose parity is (n / STAGES) & 1; advance() steps to tile n + 1. A
-// producer waiting to refill a slot waits for its "empty" barrier to complete the phase before, i.e.
-// parity phase ^ 1 (that barrier's previous phase).
+// Where tile `tile` of a ring of STAGES buffers stands: its slot, and the parity of the phase it
+// completes on each of that slot's barriers. Tile n uses slot n % STAGES and completes the slot's phase
+// n / STAGES, whose parity is (n / STAGES) & 1. A producer that refills a slot waits for the slot's
+// "empty" barrier to complete the phase before: prev_phase(). Built from the tile number (constant
+// STAGES: a few integer instructions), so it carries no state across the loop and costs no register
+// where the loop counter is live anyway; advance() steps to the next tile for loops without one.
 template <int STAGES>
 struct PipelineState {
-    int index = 0;
-    uint32_t phase = 0;
-    // The parity a refill of this slot waits for on the slot's "empty" barrier: its previous phase.
-    __device__ __forceinline__ uint32_t prev_phase() const { return phase ^ 1; }
+    int index;
+    uint32_t phase;
+    __device__ __forceinline__ explicit PipelineState(int tile)
+        : index(tile % STAGES), phase(static_cast<uint32_t>(tile / STAGES) & 1u) {}
+    __device__ __forceinline__ uint32_t prev_phase() const { return phase ^ 1u; }
     __device__ __forceinline__ void advance() {
         if (++index == STAGES) {
             index = 0;
-            phase ^= 1;
+            phase ^= 1u;
         }
     }
 };
