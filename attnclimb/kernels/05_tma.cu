@@ -217,10 +217,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     }
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
 
+    hop::PipelineState<NUM_STAGES> ring;               // the phase parity of tile nb's slot
     for (int nb = 0; nb * BLOCK_N < seqlen_k; ++nb) {  // (not nb < num_n_blocks: one register less)
         const int n_start = nb * BLOCK_N;
-        const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
-        const int slot = ring.index;
+        const int slot = nb % NUM_STAGES;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (ldmatrix reads are complete once the warp has their registers).
         // Those reads are generic-proxy accesses and the TMA write is an async-proxy one: the barrier
@@ -344,6 +344,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
                 }
             }
         }
+        ring.advance(slot);  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -151,10 +151,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
+    hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
     for (int nb = 0; nb < num_n_blocks; ++nb) {
         const int n_start = nb * BLOCK_N;
-        const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
-        const int slot = ring.index;
+        const int slot = nb % NUM_STAGES;
         // The barrier guarantees every warp has finished computing on tile nb-1, whose slot the
         // prefetch below overwrites (each warpgroup waited for its wgmmas, which read the slot).
         __syncthreads();
@@ -229,6 +229,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
         hop::reg_fence(o_acc);  // the rescale above happens before the wgmmas, not during them
         gemm_pv<BLOCK_N>(o_acc, p_frag, s_vt, KV_PANEL);
         hop::reg_fence(o_acc);
+        ring.advance(slot);  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -134,9 +134,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         if (tid == 0) {
             hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
             hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+            hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
             for (int nb = 0; nb < num_n_blocks; ++nb) {
-                const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
-                const int slot = ring.index;
+                const int slot = nb % NUM_STAGES;
                 // Tile nb reuses the slot of tile nb − NUM_STAGES: wait until every consumer warp has
                 // released that one (it completed the empty barrier's previous phase: ring.prev_phase()).
                 // K comes back a whole softmax + P·V earlier than V.
@@ -144,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 load_k(nb);
                 if (nb >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], ring.prev_phase());
                 load_v(nb);
+                ring.advance(slot);  // the next use of each slot is its next phase
             }
         }
         return;  // the other producer threads have nothing to do
@@ -177,10 +178,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
+    hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
     for (int nb = 0; nb < num_n_blocks; ++nb) {
         const int n_start = nb * BLOCK_N;
-        const hop::PipelineState<NUM_STAGES> ring(nb);  // tile nb's slot and phase parity
-        const int slot = ring.index;
+        const int slot = nb % NUM_STAGES;
         const uint32_t s_kt = smem_addr(s_k + slot * KV_TILE_BYTES);
         const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
 
@@ -252,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         gemm_pv<BLOCK_N>(o_acc, p_frag, s_vt, KV_PANEL);
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[slot]);  // ... nor V_nb
+        ring.advance(slot);                                   // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----

@@ -90,24 +90,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     }
 }
 
-// Where tile `tile` of a ring of STAGES buffers stands: its slot, and the parity of the phase it
-// completes on each of that slot's barriers. Tile n uses slot n % STAGES and completes the slot's phase
-// n / STAGES, whose parity is (n / STAGES) & 1. A producer that refills a slot waits for the slot's
-// "empty" barrier to complete the phase before: prev_phase(). Built from the tile number (constant
-// STAGES: a few integer instructions), so it carries no state across the loop and costs no register
-// where the loop counter is live anyway; advance() steps to the next tile for loops without one.
+// The phase bookkeeping of a loop over tiles in a ring of STAGES buffers. Tile n uses slot n % STAGES
+// (the kernel computes it from its tile counter) and completes that slot's phase n / STAGES on each of
+// the slot's barriers; `phase` is that phase's parity, carried across the loop and flipped by
+// advance(slot) after the ring's last slot. A producer refilling a slot waits for the slot's "empty"
+// barrier to complete the phase before: prev_phase(). (Carrying the slot index in here as well costs
+// rung 5, at the 255-register cap, a spill with NVRTC 13.5; even deriving it inside a member function
+// changed rungs 6-8's machine code and cost them 1-4 % on the H200. So the index stays in the kernel.)
 template <int STAGES>
 struct PipelineState {
-    int index;
-    uint32_t phase;
-    __device__ __forceinline__ explicit PipelineState(int tile)
-        : index(tile % STAGES), phase(static_cast<uint32_t>(tile / STAGES) & 1u) {}
-    __device__ __forceinline__ uint32_t prev_phase() const { return phase ^ 1u; }
-    __device__ __forceinline__ void advance() {
-        if (++index == STAGES) {
-            index = 0;
-            phase ^= 1u;
-        }
+    uint32_t phase = 0;
+    __device__ __forceinline__ uint32_t prev_phase() const { return phase ^ 1; }
+    // After the tile in ring slot `slot`: the next use of each slot is its next phase.
+    __device__ __forceinline__ void advance(int slot) {
+        if (slot == STAGES - 1) phase ^= 1;
     }
 };
 
