@@ -144,12 +144,13 @@ def main():
     ap.add_argument("--rungs", default="4,5,6,7,8")
     ap.add_argument("--out", default="ab_rungs.json")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
     ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS,...")
     args = ap.parse_args()
     impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
     g = torch.Generator(device="cuda").manual_seed(12345)
-    err = errors(impls, g)
+    err = [] if args.no_errors else errors(impls, g)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     tim = [] if args.no_timing else timings(impls, shapes, rounds=args.rounds)
     from attnclimb.bench.run import collect_env
