@@ -60,9 +60,17 @@ def _fma32(a, b, c):
 ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
 
 
+def _mul32_up(a, b):
+    """``a·b`` rounded toward +inf in float32 (``__fmul_ru``, FMUL.RP): the float64 product of two float32
+    numbers is exact, then the float32 nearest is stepped up when it lies below it."""
+    exact = a.double() * b.double()
+    near = exact.float()
+    return torch.where(near.double() < exact, torch.nextafter(near, torch.full_like(near, math.inf)), near)
+
+
 def row_multiplier_fp32(m, c):
-    """``min(c, 2^(30 − E))`` of ``softmax.cuh`` (``E``: binary exponent of each ``m``), by its bit trick."""
-    hard = 0x8E000000 - (m.view(torch.int32).to(torch.int64) & 0x7F800000)
+    """``min(c, 2^(29 − E))`` of ``softmax.cuh`` (``E``: binary exponent of each ``m``), by its bit trick."""
+    hard = 0x8D800000 - (m.view(torch.int32).to(torch.int64) & 0x7F800000)
     bits = torch.minimum(c.view(torch.int32).to(torch.int64).expand_as(hard), hard)
     return bits.to(torch.int32).view(torch.float32)
 
@@ -75,10 +83,10 @@ def online_rescale_fp32(m_old, err_old, m_new, c):
     scalar tensor, ``scale·log2(e) > 0``. Returns float32 ``(alpha, mul, neg_ref, err)``:
     ``P = 2^fma(s, mul, neg_ref)``; ``alpha = 2^(R_old − R_new)`` rescales O and l (exactly 1 when
     ``m_old == m_new``); ``mul`` is ``c``, or a power of two on rows where only ties at the max carry
-    weight; ``err = m_new·c − R`` in units of ``c``.
+    weight; ``err = m_new·c − R`` in units of ``c`` (``R`` rounded up, so ``err <= 0`` and every P <= 1).
     """
     mul = row_multiplier_fp32(m_new, c)
-    ref = m_new * mul
+    ref = _mul32_up(m_new, mul)
     err = _fma32(m_new, mul, -ref)
     alpha = torch.exp2(_fma32(m_old - m_new, c.expand_as(m_new), err - err_old))
     return alpha, mul, -ref, err

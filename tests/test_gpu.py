@@ -154,14 +154,14 @@ def _sdpa_cudnn_error(q, k, v, scale, ref):
 
 # (name, log2 offset as a function of the scale, ties): issue 6's input (p = 11, |s| ~ 2.6e5); |max·c| near
 # 2^26 (the largest rounding residual e of the reference that still meets a soft row of these inputs);
-# both sides of softmax.cuh's switch to a power-of-two multiplier (|max·c| < 2^30 keeps c, >= 2^31 never
+# both sides of softmax.cuh's switch to a power-of-two multiplier (|max·c| < 2^29 keeps c, >= 2^30 never
 # does); far beyond it (ties and near-one-hot rows); scores at the fp32 limit (max·c overflows fp32 for
 # scale 1); and rows of equal scores.
 OFFSET_CASES = {
     "issue6": (lambda sc: 11, False),
     "soft_large_residual": (lambda sc: _log2_offset_for(sc, 26), False),
-    "below_hard_bound": (lambda sc: _log2_offset_for(sc, 30), False),
-    "above_hard_bound": (lambda sc: _log2_offset_for(sc, 31) + 1, False),
+    "below_hard_bound": (lambda sc: _log2_offset_for(sc, 29), False),
+    "above_hard_bound": (lambda sc: _log2_offset_for(sc, 30) + 1, False),
     "huge": (lambda sc: 60, False),
     "fp32_limit": (lambda sc: 121, False),
     "ties": (lambda sc: 40, True),
@@ -196,6 +196,23 @@ def test_rung_far_offset_logits(key, case, seqlen_k, scale):
     assert err <= TOL, f"{key} {case} sk={seqlen_k} scale={sc}: rel L2 {err:.3e} (cuDNN {ref_cudnn})"
     if ref_cudnn is not None and math.isfinite(ref_cudnn):
         assert err <= 1.25 * ref_cudnn + 1e-3, f"{key} {case}: rel L2 {err:.3e} vs cuDNN {ref_cudnn:.3e}"
+
+
+@pytest.mark.parametrize("key", RUNG_IDS)
+def test_rung_large_v_near_the_soft_bound(key):
+    """A row whose max·c lies 32 above its nearest fp32 (|max·c| just under 2^30, still scaled by c): with
+    the reference rounded to nearest, P at the max would be 2^32 and O = sum P·V overflow for V = 1.6e30;
+    rounded up, every P <= 1 and O = V, as in the exact softmax (tests/test_reference_cpu.py has the CPU
+    model of the same input)."""
+    rung = rungs.BY_NUMBER[int(key[4:])]
+    d = rungs.HEAD_DIM
+    q = torch.zeros(1, 1, 3, d, device="cuda")
+    k = torch.zeros(1, 1, 300, d, device="cuda")
+    q[..., 0], k[..., 0] = 1.9921875 * 2**10, 1.0  # every score 2040, exactly
+    v = 1.6e30 * (1 + 0.1 * _randn(1, 1, 300, d, g=_gen()))
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    _, err = run_checked(rung, q, k, v, scale=362452.233)
+    assert err <= TOL
 
 
 @pytest.mark.parametrize("key", RUNG_IDS)

@@ -160,10 +160,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS)
     float* row = s + (size_t)blockIdx.x * (size_t)seqlen_k;
 
     // S holds raw scores (negated for a negative scale, so that their max is the max of the scaled ones)
-    // and the scale multiplies s − max, after the subtraction: scaling first would round scale·s to
-    // fp32 and, for large |scale·s|, move every probability by that rounding (issue 6). A zero scale
-    // becomes the smallest normal float: the same uniform P, without 0 · (−inf) = NaN.
-    const float abs_scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
+    // and the scale multiplies s − max, after the subtraction (scaled_gap): scaling first would round
+    // scale·s to fp32 and, for large |scale·s|, move every probability by that rounding (issue 6).
+    const float abs_scale = fabsf(scale);
 
     // Pass 1: the row maximum, subtracted before exponentiating so that expf never overflows.
     float m = neg_inf();
@@ -175,13 +174,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 
     // Pass 2: the normaliser. The maximum element contributes expf(0) = 1, so sum >= 1.
     float sum = 0.f;
-    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) sum += expf((row[j] - m) * abs_scale);
+    for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS) sum += expf(scaled_gap(row[j], m, abs_scale));
     sum = block_reduce<false>(sum, scratch);
     const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
 
     // Pass 3: the probabilities (recomputing expf is cheaper than a second write + read of S).
     for (int j = threadIdx.x; j < seqlen_k; j += NUM_THREADS)
-        row[j] = expf((row[j] - m) * abs_scale) * inv_sum;
+        row[j] = expf(scaled_gap(row[j], m, abs_scale)) * inv_sum;
 }
 
 // =============================================================================================

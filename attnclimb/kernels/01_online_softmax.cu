@@ -158,13 +158,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     stage_rows<BLOCK_M, QK_STRIDE>(q_smem, q_head, m0, seqlen_q);  // rows past seqlen_q are 0
 
     // Per owned row: running max m (of raw scores), running normaliser l, and 8 columns of the
-    // unnormalised output O = sum_j exp((s_j - m)·scale) v_j. The scale multiplies s - m, after the
-    // subtraction: scaling first would round scale·s to fp32 and, for large |scale·s|, move every
-    // probability by that rounding (issue 6). A negative scale negates the raw scores (exact), so that
-    // their max is the max of the scaled ones; a zero scale becomes the smallest normal float (the same
-    // uniform P, without 0 · (−inf) = NaN).
+    // unnormalised output O = sum_j exp((s_j - m)·|scale|) v_j. The scale multiplies s - m, after the
+    // subtraction (scaled_gap): scaling first would round scale·s to fp32 and, for large |scale·s|, move
+    // every probability by that rounding (issue 6). A negative scale negates the raw scores (exact), so
+    // that their max is the max of the scaled ones.
     const bool negate = scale < 0.f;
-    const float abs_scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
+    const float abs_scale = fabsf(scale);
     float m[ROWS_PER_THREAD], l[ROWS_PER_THREAD], acc[ROWS_PER_THREAD][8];
 #pragma unroll
     for (int i = 0; i < ROWS_PER_THREAD; ++i) {
@@ -201,12 +200,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
             // correction = expf(-inf) = 0, which zeroes the (empty) accumulator and l.
             const float m_new = fmaxf(m[i], tile_max);
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            const float correction = expf((m[i] - m_use) * abs_scale);
+            const float correction = expf(scaled_gap(m[i], m_use, abs_scale));
 
             float tile_sum = 0.f;
 #pragma unroll
             for (int j = 0; j < COLS_PER_THREAD; ++j) {
-                s[i][j] = expf((s[i][j] - m_use) * abs_scale);  // masked keys: expf(-inf) = 0
+                s[i][j] = expf(scaled_gap(s[i][j], m_use, abs_scale));  // masked keys: expf(-inf) = 0
                 tile_sum += s[i][j];
             }
             tile_sum = row_group_reduce<false>(tile_sum);

@@ -102,8 +102,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
     // bits of the shared tile, exact; wait for this thread's Q copies first) and the max of the raw
     // scores below is the max of the scaled ones. A zero scale (uniform P) becomes the smallest normal
-    // float: the same P, but −inf · scale stays −inf for masked keys and for the first tile's max
-    // instead of turning into NaN.
+    // float: the same P, but −inf · scale stays −inf for masked keys instead of turning into NaN
+    // (the same P unless raw scores exceed ~1e37: softmax.cuh, Limits).
     if (scale < 0.f) {
         cp_async_wait<NUM_STAGES - 1>();
         negate_tile<BLOCK_M>(s_q, tid);

@@ -193,8 +193,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so negate Q once (flip the bf16 sign
     // bits of the shared tile, exact; the first tile's __syncthreads orders it before any ldmatrix) and
     // the max of the raw scores below is the max of the scaled ones. A zero scale (uniform P) becomes
-    // the smallest normal float: the same P, but −inf · scale stays −inf for masked keys and for the
-    // first tile's max instead of turning into NaN.
+    // the smallest normal float: the same P, but −inf · scale stays −inf for masked keys instead of turning
+    // into NaN (the same P unless raw scores exceed ~1e37: softmax.cuh, Limits).
     if (scale < 0.f) negate_tile(s_q, 2 * Q_PANEL, tid);
     scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 

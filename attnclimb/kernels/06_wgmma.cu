@@ -135,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
     // scale (uniform P) becomes the smallest normal float: the same P, but −inf · scale stays −inf for
-    // masked keys and for the first tile's max instead of turning into NaN.
+    // masked keys instead of turning into NaN
+    // (the same P unless raw scores exceed ~1e37: softmax.cuh, Limits).
     const bool negate = scale < 0.f;
     scale = fmaxf(fabsf(scale), CUDART_TWO_TO_M126_F);  // FLT_MIN
 

@@ -7,13 +7,22 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <math_constants.h>
 
 constexpr int GRID_DIM = 16;  // threads per tile edge
 constexpr int SMEM_PAD = 4;   // floats of row padding: keeps 16-byte alignment, shifts banks
 
 // -inf (NVRTC has no <math.h>, hence no INFINITY macro): the fp32 bit pattern 0xff800000.
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// The softmax exponent (x − m)·a of rungs 0–1, for a row max m (finite) and a = |scale| >= 0: the
+// subtraction comes first, exact when x is within 2x of m, so large logits lose nothing to rounding
+// (issue 6). A masked key (x = −inf) gives −inf, a = 0 the uniform 0 with no 0·inf = NaN, and when x − m
+// overflows (scores of opposite signs beyond ±FLT_MAX/2) the two products are subtracted instead.
+__device__ __forceinline__ float scaled_gap(float x, float m, float a) {
+    if (x == neg_inf()) return neg_inf();
+    const float d = x - m;
+    return isinf(d) ? fmaf(x, a, -m * a) : d * a;
+}
 
 __device__ __forceinline__ int thread_row() { return threadIdx.x / GRID_DIM; }
 __device__ __forceinline__ int thread_col() { return threadIdx.x % GRID_DIM; }
