@@ -257,6 +257,20 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=128,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
     ),
+    Rung(
+        9,
+        "softmax_overlap",
+        "each consumer warpgroup overlaps its softmax with its own P.V wgmmas (wgmma.wait_group 1)",
+        "tma",
+        block_m=128,
+        block_n=128,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=128,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

@@ -181,6 +181,7 @@ def test_diff_command_shows_neighbours(capsys):
     quoted = re.search(r"(\d+ insertions\(\+\), \d+ deletions\(-\))", page)
     assert "rung03 -> rung04" in err and quoted and quoted.group(1) in err  # as page 04 quotes
     with pytest.raises(SystemExit) as exc:
-        main(["diff", "8"])  # nothing above the top rung: an argparse error, exit 2, that says so
+        main(["diff", str(rungs.TOP.number)])  # nothing above the top rung: an argparse error, exit 2
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "rung 8 is the top rung" in err and "rung 9" not in err
+    top = rungs.TOP.number
+    assert exc.value.code == 2 and f"rung {top} is the top rung" in err and f"rung {top + 1}" not in err

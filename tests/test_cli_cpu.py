@@ -90,14 +90,16 @@ def test_diff_of_a_rung_with_itself_is_empty(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["diff", "8"], "rung 8 is the top rung: there is no rung above it (try: diff 7 8)"),
-        (["diff", "12"], "unknown rung 12; available: 0..8 (8 is the top rung)"),
-        (["diff", "3", "9"], "unknown rung 9; available: 0..8 (8 is the top rung)"),
+        (["diff", "{top}"], "rung {top} is the top rung: there is no rung above it (try: diff {below} {top})"),
+        (["diff", "99"], "unknown rung 99; available: 0..{top} ({top} is the top rung)"),
+        (["diff", "3", "{above}"], "unknown rung {above}; available: 0..{top} ({top} is the top rung)"),
     ],
 )
 def test_diff_errors_say_what_is_wrong(capsys, argv, message):
     top = max(rungs.BY_NUMBER)
-    message = message.replace("8", str(top)).replace("try: diff 7", f"try: diff {top - 1}")
+    names = {"top": top, "below": top - 1, "above": top + 1}
+    argv = [a.format(**names) for a in argv]
+    message = message.format(**names)
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
