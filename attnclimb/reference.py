@@ -205,6 +205,12 @@ def rel_l2(out, ref) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
+def far_offset_log2(scale, log2_mc):
+    """The largest ``log2_offset`` of :func:`far_offset_inputs` whose scores ``127·2^p`` keep
+    ``|max·scale·log2(e)|`` under ``2^log2_mc`` (to aim a test at a magnitude of ``max·c``)."""
+    return math.floor(log2_mc - math.log2(127 * abs(scale) * LOG2E))
+
+
 def far_offset_inputs(
     batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=128, ties=False, generator=None, device="cpu"
 ):

@@ -24,7 +24,9 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnclimb import rungs
-from attnclimb.reference import LOG2E, attention_exact, far_offset_inputs, rel_l2
+from attnclimb.bench import timing
+from attnclimb.bench.shapes import Shape
+from attnclimb.reference import attention_exact, far_offset_inputs, far_offset_log2, rel_l2
 from attnclimb.runtime.launch import run_rung
 
 BACKENDS = {
@@ -72,7 +74,7 @@ def errors(impls, g):
         for scale in (1.0, 1 / math.sqrt(128)):
             for name, p, ties in cases:
                 if name.startswith("|"):  # p from the target magnitude of max·c
-                    p = math.floor(p - math.log2(127 * scale * LOG2E))
+                    p = far_offset_log2(scale, p)
                 q, k, v = far_offset_inputs(1, 64, sk, p, scale, ties=ties, generator=g, device="cuda")
                 q, k, v = (t.contiguous() for t in (q, k, v))
                 ref = attention_exact(q, k, v, scale)
@@ -90,50 +92,24 @@ def errors(impls, g):
     return rows
 
 
-def _rotating_rung(rung, sets, outs, scale):
-    """A zero-argument call of ``rung`` on the next input set (inputs rotated beyond L2)."""
-    state = [0]
-
-    def fn():
-        i = state[0] = (state[0] + 1) % len(sets)
-        q, k, v = sets[i]
-        run_rung(rung, q, k, v, outs[i], scale)
-
-    return fn
-
-
-def _rotating_sdpa(sets, scale):
-    state = [0]
-
-    def fn():
-        i = state[0] = (state[0] + 1) % len(sets)
-        sdpa(*sets[i], scale, BACKENDS["cudnn"])
-
-    return fn
-
-
 def timings(impls, shapes, rounds=2):
     res = []
+    scale = 1 / math.sqrt(rungs.HEAD_DIM)
     for b, h, s in shapes:
-        n_sets = max(3, math.ceil(2 * 60e6 / (3 * b * h * s * 128 * 2)) + 1)
-        sets = [
-            tuple(torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            for _ in range(n_sets)
-        ]
-        outs = [torch.empty_like(x[0]) for x in sets]
-        flops = 4 * b * h * s * s * 128
-        scale = 1 / math.sqrt(128)
-        fns = {label: _rotating_rung(r, sets, outs, scale) for label, r in impls}
-        fns["cudnn"] = _rotating_sdpa(sets, scale)
+        shape = Shape(f"{b}x{h}x{s}", f"{b}x{h}x{s}", b, h, s, s)
+        sets = timing.make_inputs(shape, timing.num_input_sets(shape.qkv_bytes(), timing.l2_cache_bytes()))
+        prepared = [(q, k, v, torch.empty_like(q)) for q, k, v in sets]  # one output per set, shared
+        fns = {label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale), prepared) for label, r in impls}
+        fns["cudnn"] = timing.rotating(lambda a: sdpa(*a, scale, BACKENDS["cudnn"]), sets)
         times = {k: [] for k in fns}
         for rnd in range(rounds):  # the order alternates between rounds, so a drift in clocks hits all alike
             for k, fn in list(fns.items())[:: 1 if rnd % 2 == 0 else -1]:
                 times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
         row = {"shape": [b, h, s]}
         for k, ts in times.items():
-            row[k] = flops / (statistics.median(ts) * 1e-3) / 1e12
+            row[k] = shape.flops / (statistics.median(ts) * 1e-3) / 1e12
         res.append(row)
-        del sets, outs
+        del sets, prepared, fns
         torch.cuda.empty_cache()
     return res
 

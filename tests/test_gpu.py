@@ -14,7 +14,7 @@ import torch
 
 import attnclimb
 from attnclimb import rungs
-from attnclimb.reference import LOG2E, attention_exact, far_offset_inputs, rel_l2
+from attnclimb.reference import attention_exact, far_offset_inputs, far_offset_log2, rel_l2
 from attnclimb.runtime.launch import run_rung
 
 pytestmark = pytest.mark.gpu
@@ -136,11 +136,6 @@ def test_rung_any_finite_scale(key, scale):
     assert err <= TOL, f"{key} scale {scale}: rel L2 {err:.3e}"
 
 
-def _log2_offset_for(scale, log2_mc):
-    """The largest p whose largest scores 127·2^p·scale·log2(e) stay under 2^log2_mc."""
-    return math.floor(log2_mc - math.log2(127 * scale * LOG2E))
-
-
 def _sdpa_cudnn_error(q, k, v, scale, ref):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -159,9 +154,9 @@ def _sdpa_cudnn_error(q, k, v, scale, ref):
 # scale 1); and rows of equal scores.
 OFFSET_CASES = {
     "issue6": (lambda sc: 11, False),
-    "soft_large_residual": (lambda sc: _log2_offset_for(sc, 26), False),
-    "below_hard_bound": (lambda sc: _log2_offset_for(sc, 29), False),
-    "above_hard_bound": (lambda sc: _log2_offset_for(sc, 30) + 1, False),
+    "soft_large_residual": (lambda sc: far_offset_log2(sc, 26), False),
+    "below_hard_bound": (lambda sc: far_offset_log2(sc, 29), False),
+    "above_hard_bound": (lambda sc: far_offset_log2(sc, 30) + 1, False),
     "huge": (lambda sc: 60, False),
     "fp32_limit": (lambda sc: 121, False),
     "ties": (lambda sc: 40, True),
