@@ -271,6 +271,20 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=128,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
     ),
+    Rung(
+        10,
+        "pingpong",
+        "the two consumer warpgroups take turns issuing wgmmas (named barriers: ping-pong)",
+        "tma",
+        block_m=128,
+        block_n=128,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=128,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

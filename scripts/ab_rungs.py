@@ -1,10 +1,12 @@
 """A/B on the GPU: the rungs of this checkout against other versions of the same rungs, in one process.
 
-``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR ...] [--rungs 4,5,6,7,8]
-[--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
+``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...]
+[--rungs 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
 and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
-same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike.
+same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
+``Rung`` fields (``block_n``, ``kv_box_rows``) and ``-D`` macros (``NUM_STAGES``) override the rung's own.
+FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
 flash and efficient backends on the same inputs), and TFLOP/s with the ratio to cuDNN measured in the same
@@ -36,20 +38,32 @@ BACKENDS = {
 }
 
 
+def overrides(spec):
+    """``block_n=176,NUM_STAGES=3`` -> (Rung field replacements, extra -D macros)."""
+    fields, defines = {}, {}
+    names = {f.name for f in dataclasses.fields(rungs.Rung)}
+    for item in filter(None, spec.split(",")):
+        key, _, val = item.partition("=")
+        (fields if key in names else defines)[key] = int(val)
+    return fields, defines
+
+
 def variants(specs, numbers):
     out, dirs = [], []
     for spec in specs:
         label, _, d = spec.partition("=")
-        dirs.append((label, Path(d)))
+        d, _, over = d.partition("@")  # LABEL=DIR@block_n=176,kv_box_rows=176,NUM_STAGES=3
+        dirs.append((label, Path(d), *overrides(over)))
         for hdr in Path(d).glob("*.cuh"):
             if not (rungs.KERNEL_DIR / hdr.name).exists():
                 shutil.copyfile(hdr, rungs.KERNEL_DIR / hdr.name)
     for n in numbers:
         new = rungs.get(n)
-        for label, d in dirs:
+        for label, d, fields, defines in dirs:
             src = d / new.source.name
             if src.exists():
-                other = dataclasses.replace(new, name=f"{new.name}_{label}")
+                extra = {**new.extra_defines, **defines}
+                other = dataclasses.replace(new, name=f"{new.name}_{label}", extra_defines=extra, **fields)
                 shutil.copyfile(src, other.source)
                 out.append((f"{new.key}-{label}", other))
         out.append((f"{new.key}", new))
@@ -94,18 +108,29 @@ def errors(impls, g):
 
 def timings(impls, shapes, rounds=2):
     res = []
+    from attnclimb.bench.peers import make_peer
+
+    fa4 = make_peer("fa4")
+    ok, why = fa4.available()
+    if not ok:
+        print(f"FA4 not timed: {why}")
+        fa4 = None
     scale = 1 / math.sqrt(rungs.HEAD_DIM)
-    for b, h, s in shapes:
-        shape = Shape(f"{b}x{h}x{s}", f"{b}x{h}x{s}", b, h, s, s)
+    for b, h, s, *sk in shapes:
+        name = "x".join(map(str, (b, h, s, *sk)))
+        shape = Shape(name, name, b, h, s, sk[0] if sk else s)
         sets = timing.make_inputs(shape, timing.num_input_sets(shape.qkv_bytes(), timing.l2_cache_bytes()))
         prepared = [(q, k, v, torch.empty_like(q)) for q, k, v in sets]  # one output per set, shared
         fns = {label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale), prepared) for label, r in impls}
         fns["cudnn"] = timing.rotating(lambda a: sdpa(*a, scale, BACKENDS["cudnn"]), sets)
+        if fa4 is not None:
+            fa4_sets = [fa4.prepare(q, k, v) for q, k, v in sets]
+            fns["fa4"] = timing.rotating(fa4.call, fa4_sets)
         times = {k: [] for k in fns}
         for rnd in range(rounds):  # the order alternates between rounds, so a drift in clocks hits all alike
             for k, fn in list(fns.items())[:: 1 if rnd % 2 == 0 else -1]:
                 times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
-        row = {"shape": [b, h, s]}
+        row = {"shape": [b, h, s, *sk]}
         for k, ts in times.items():
             row[k] = shape.flops / (statistics.median(ts) * 1e-3) / 1e12
         res.append(row)
@@ -116,13 +141,13 @@ def timings(impls, shapes, rounds=2):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--variant", action="append", required=True, metavar="LABEL=DIR")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=DIR[@field=N,MACRO=N,...]")
     ap.add_argument("--rungs", default="4,5,6,7,8")
     ap.add_argument("--out", default="ab_rungs.json")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
-    ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS,...")
+    ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS or BxHxSqxSk, ...")
     args = ap.parse_args()
     impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
     g = torch.Generator(device="cuda").manual_seed(12345)
@@ -143,7 +168,7 @@ def main():
             + " ".join(f"{r[x]:15.2e}" if r[x] is not None else f"{'-':>15s}" for x in labels)
         )
     if tim:
-        labels = [lab for lab, _ in impls] + ["cudnn"]
+        labels = [lab for lab, _ in impls] + ["cudnn"] + (["fa4"] if "fa4" in tim[0] else [])
         print("TFLOP/s (x cuDNN, same run)")
         print(f"{'shape':18s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
         for r in tim:

@@ -156,6 +156,19 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Named barriers (PTX ISA "bar, barrier"): hardware barriers 1..15 of the CTA (0 is __syncthreads'),
+// each completing when `count` threads (a multiple of the warp size) have arrived. bar.sync arrives and
+// waits; bar.arrive only arrives. Threads of a warp take part together. Rung 10 uses a pair of them to
+// take turns between the two consumer warpgroups (FlashAttention-3 Sec. 3.1).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
 // setmaxnreg (PTX ISA "setmaxnreg"): re-balance registers between warpgroups. Executed by all warps of a
 // warpgroup; counts are multiples of 8 in [24, 256]. Only honoured when the kernel has a register
 // cap at entry (__launch_bounds__(threads, 1)); otherwise ptxas warns (C7508) and ignores it.
