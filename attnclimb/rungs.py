@@ -37,6 +37,9 @@ class Rung:
         q_box_rows / kv_box_rows: TMA box heights for the tensor-map ABI (0 when unused).
         sass_required: SASS mnemonics the rung claims (CI fails when one is missing).
         max_bench_seqlen: the default bench skips shapes whose seqlen_q or seqlen_k is longer (slow rungs).
+        persistent: the grid is ``min(#tiles, #SMs x resident CTAs per SM)`` CTAs that loop over the
+            ``num_m_blocks * batch * heads`` work tiles, which the kernel receives as a last argument
+            ``num_tiles`` (``docs/kernel-abi.md``); otherwise one CTA per work tile.
     """
 
     number: int
@@ -52,6 +55,7 @@ class Rung:
     kv_box_rows: int = 0
     sass_required: tuple = ()
     max_bench_seqlen: int | None = None
+    persistent: bool = False
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
@@ -284,6 +288,37 @@ RUNGS: tuple[Rung, ...] = (
         q_box_rows=128,
         kv_box_rows=128,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+    ),
+    Rung(
+        11,
+        "persistent",
+        "a persistent grid: one CTA per SM walks its work tiles; next Q and K/V load under the last P.V",
+        "tma",
+        block_m=128,
+        block_n=128,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=128,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+        persistent=True,
+    ),
+    # BLOCK_N 176 = 11 k16 steps of P.V; 2 stages: 1024 + 32 KB + 2 x 2 x 44 KB = 214016 B.
+    Rung(
+        12,
+        "wide_tiles",
+        "K/V tiles of 176 keys (BLOCK_N 176): fewer, longer wgmmas per softmax",
+        "tma",
+        block_m=128,
+        block_n=176,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=176,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+        persistent=True,
     ),
 )
 

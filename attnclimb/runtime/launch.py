@@ -61,6 +61,14 @@ class LoadedRung:
                     "cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)",
                 )
         self._streams = {}
+        self.num_sms = self.device.properties.multiprocessor_count
+        self._resident = None  # CTAs per SM of attn_fwd, for persistent grids (queried on first use)
+
+    def persistent_grid(self, num_tiles: int) -> int:
+        """CTAs of a persistent launch: every resident CTA slot of the GPU, but no more than ``num_tiles``."""
+        if self._resident is None:
+            self._resident = max(1, self.ctas_per_sm())
+        return min(num_tiles, self.num_sms * self._resident)
 
     def ctas_per_sm(self, name: str = "attn_fwd") -> int:
         """Resident CTAs per SM for ``name`` at this rung's block size and dynamic shared memory."""
@@ -210,20 +218,10 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         tq = cached_tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
         tk = cached_tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
         tv = cached_tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
-        lr.launch(
-            "attn_fwd",
-            grid,
-            (rung.threads,),
-            rung.smem_bytes,
-            stream,
-            tq,
-            tk,
-            tv,
-            o.data_ptr(),
-            i32(sq),
-            i32(sk),
-            i32(m_blocks),
-            f32(scale),
-        )
+        args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
+        if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
+            grid = (lr.persistent_grid(grid[0]),)
+            args += (i32(m_blocks * bh),)
+        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream, *args)
         return
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
