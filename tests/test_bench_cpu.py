@@ -41,9 +41,10 @@ def test_default_shapes():
     assert [s.seqlen_q for s in fa] == [1024, 2048, 4096, 8192, 16384]
     for s in fa:
         assert s.batch * s.seqlen_q == 16384
-        assert (s.heads, s.head_dim, s.causal, s.seqlen_k) == (16, 128, False, s.seqlen_q)
+        assert (s.heads, s.head_dim, s.causal, s.seqlen_k, s.kv_heads) == (16, 128, False, s.seqlen_q, 16)
         assert s.headline == (s.seqlen_q in (4096, 8192, 16384))
-    wan = sh[-1]
+    assert [s.name for s in sh[len(fa) :]] == ["wan2.1-1.3b-480p", "wan2.1-14b-720p", "wan2.1-14b-720p-cross"]
+    wan, wan14, cross = sh[len(fa) :]
     assert (wan.batch, wan.heads, wan.seqlen_q, wan.seqlen_k, wan.head_dim, wan.causal) == (
         1,
         12,
@@ -53,20 +54,67 @@ def test_default_shapes():
         False,
     )
     assert 21 * (480 // 16) * (832 // 16) == wan.seqlen_q  # 21 latent frames x 30 x 52 patches
+    # Wan2.1-14B, 720p, 81 frames: 1 + 80/4 = 21 latent frames of (720/8/2) x (1280/8/2) patches; dim 5120
+    assert (wan14.batch, wan14.heads, wan14.seqlen_q, wan14.seqlen_k) == (1, 40, 75600, 75600)
+    assert (1 + 80 // 4) * (720 // 16) * (1280 // 16) == wan14.seqlen_q and wan14.heads * wan14.head_dim == 5120
+    assert (cross.batch, cross.heads, cross.seqlen_q, cross.seqlen_k) == (1, 40, 75600, 512)  # 512 umT5 tokens
+    assert all((s.head_dim, s.causal, s.kv_heads, s.headline) == (128, False, s.heads, False) for s in (wan14, cross))
     assert [s.label for s in fa] == ["1k", "2k", "4k", "8k", "16k"]
-    assert len({s.name for s in sh}) == len(sh)
+    assert [s.label for s in sh[len(fa) :]] == ["Wan2.1-1.3B 480p", "Wan2.1-14B 720p", "Wan2.1-14B 720p cross-attn"]
+    assert [s.detail for s in sh[len(fa) :]] == ["B1 H12 S32760", "B1 H40 S75600", "B1 H40 Sq75600 Sk512"]
+    assert len({s.name for s in sh}) == len(sh) and len({s.label for s in sh}) == len(sh)
+
+
+def test_new_wan_shapes_flops_and_bytes():
+    wan14, cross = shapes.WAN14B_SHAPE, shapes.WAN_CROSS_SHAPE
+    assert wan14.flops == 117_050_572_800_000.0 == 4 * 40 * 75600 * 75600 * 128  # ~1.17e14
+    assert cross.flops == 792_723_456_000.0 == 4 * 40 * 75600 * 512 * 128
+    assert shapes.tflops(wan14.flops, 200.0) == pytest.approx(585.25, abs=0.01)  # ~200 ms a call at 585
+    assert wan14.qkv_bytes() == 3 * 40 * 75600 * 128 * 2
+    assert cross.qkv_bytes() == 40 * (75600 + 2 * 512) * 128 * 2  # q is long, k and v short
+    assert cross.seqlen == 75600  # what max_bench_seqlen is compared with
 
 
 def test_quick_and_parsed_shapes():
     assert [s.seqlen_q for s in shapes.default_shapes(quick=True)] == [4096, 16384, 32760]
     assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
+    assert shapes.parse_seqlens("wan-cross,WAN14B,wan2.1-14b-720p,wan2.1-1.3b-480p") == ("wan-cross", "wan14b", "wan")
+    assert shapes.parse_seqlens("wan2.1-14b-720p-cross,wancross,wan14b-cross,wan2.1-14b") == ("wan-cross", "wan14b")
+    sel = shapes.default_shapes(shapes.parse_seqlens("wan-cross,8k,wan14b"))  # column order, not the given order
+    assert [s.name for s in sel] == ["fa-8k", "wan2.1-14b-720p", "wan2.1-14b-720p-cross"]
     sel = shapes.default_shapes(shapes.parse_seqlens("8k,2k"))
     assert [s.name for s in sel] == ["fa-2k", "fa-8k"]
     odd = shapes.fa_shape(1000)  # not a multiple of 1024: tails get exercised
     assert (odd.label, odd.batch) == ("1000", 16)
-    for bad in ("x", "0", "-4", ","):
+    for bad in ("x", "0", "-4", ",", "wan14", "wan-crosss"):
         with pytest.raises(ValueError):
             shapes.parse_seqlens(bad)
+
+
+def test_shape_variants_carry_causal_gqa_and_head_dim_consistently():
+    base = shapes.fa_shape(4096)
+    assert (base.name, base.label, base.detail, base.headline) == ("fa-4k", "4k", "B4 H16 S4096", True)
+    causal = shapes.fa_shape(4096, causal=True)
+    assert (causal.name, causal.label, causal.headline) == ("fa-4k-causal", "4k causal", False)
+    assert causal.flops == base.flops / 2 and causal.qkv_bytes() == base.qkv_bytes()
+    d64 = shapes.fa_shape(16384, head_dim=64)  # the FA papers keep heads * head_dim = 2048
+    assert (d64.name, d64.label, d64.heads, d64.detail) == ("fa-16k-d64", "16k d64", 32, "B1 H32 S16384 D64")
+    assert d64.flops == shapes.fa_shape(16384).flops
+    d256 = shapes.fa_shape(4096, head_dim=256, causal=True)
+    assert (d256.name, d256.label, d256.heads) == ("fa-4k-d256-causal", "4k d256 causal", 8)
+    gqa = shapes.fa_shape(8192, heads=32, heads_kv=8)  # an LLM's grouped-query attention
+    assert (gqa.name, gqa.label, gqa.detail) == ("fa-8k-gqa32x8", "8k GQA 32/8", "B2 H32/8 S8192")
+    assert (gqa.kv_heads, gqa.gqa) == (8, True)
+    assert gqa.flops == 4 * 2 * 32 * 8192 * 8192 * 128  # FLOPs count query heads
+    assert gqa.qkv_bytes() == 2 * (32 + 2 * 8) * 8192 * 128 * 2  # bytes count K/V heads
+    assert shapes.fa_shape(4096, heads=8).name == "fa-4k-h8"  # a non-standard head count is named
+    assert shapes.fa_shape(4096, heads_kv=16) == base  # equal head counts are the plain shape
+    variants = (base, causal, d64, d256, gqa)
+    assert len({s.name for s in variants}) == len({s.label for s in variants}) == len(variants)
+    with pytest.raises(ValueError):
+        shapes.Shape("x", "x", 1, 32, 64, 64, heads_kv=12)  # 12 does not divide 32
+    with pytest.raises(ValueError):
+        shapes.Shape("x", "x", 1, 0, 64, 64)
 
 
 def test_input_sets_exceed_twice_l2():
@@ -76,6 +124,41 @@ def test_input_sets_exceed_twice_l2():
         assert n >= 3
         assert n * s.qkv_bytes() > 2 * l2
     assert shapes.fa_shape(4096).qkv_bytes() == 3 * 16384 * 16 * 128 * 2
+
+
+def test_round_order():
+    # 4 impls, 3 rounds: forwards, backwards, then forwards from half-way down the list
+    assert [timing.round_order(4, r, 3) for r in range(3)] == [[0, 1, 2, 3], [3, 2, 1, 0], [2, 3, 0, 1]]
+    assert [timing.round_order(2, r, 2) for r in range(2)] == [[0, 1], [1, 0]]
+    assert [timing.round_order(3, r, 4) for r in range(4)] == [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]]
+    assert timing.round_order(5, 0, 1) == [0, 1, 2, 3, 4] and timing.round_order(0, 1, 3) == []
+    for n in (1, 2, 3, 7, 14, 15):
+        for rounds in (2, 3, 5):
+            orders = [timing.round_order(n, r, rounds) for r in range(rounds)]
+            assert all(sorted(o) == list(range(n)) for o in orders)  # each impl once per round
+            for a, b in zip(orders[::2], orders[1::2]):  # a forward/backward pair: equal mean positions
+                assert all(a.index(i) + b.index(i) == n - 1 for i in range(n))
+            if n >= 2:
+                assert orders[1] != orders[0]
+            if n >= 3 and rounds >= 3:  # and the next pair starts elsewhere
+                assert orders[2] not in orders[:2]
+    for bad in ((3, 3, 3), (3, -1, 3), (3, 0, 0), (-1, 0, 1)):
+        with pytest.raises(ValueError):
+            timing.round_order(*bad)
+
+
+def test_median_of_rounds():
+    assert timing.median_of_rounds([3.0, 1.0, 2.0]) == 2.0  # the middle round, whatever its position
+    assert timing.median_of_rounds([1.0, 9.0, 1.5]) == 1.5  # one slow round does not move it
+    assert timing.median_of_rounds([4.0, 1.0, 2.0, 10.0]) == 3.0  # even count: mean of the middle two
+    assert timing.median_of_rounds([0.7]) == 0.7
+    with pytest.raises(ValueError):
+        timing.median_of_rounds([])
+    s = shapes.fa_shape(4096)
+    r = run.make_row("rung04", s, "ok", rounds_ms=[1.25, 1.0, 1.5])
+    assert r["ms"] == 1.25 and r["rounds_ms"] == [1.25, 1.0, 1.5]
+    assert r["tflops"] == pytest.approx(s.flops / 1.25e-3 / 1e12, rel=1e-5)
+    assert run.make_row("rung04", s, "skipped: x", rounds_ms=[1.0])["rounds_ms"] is None
 
 
 def test_rotating_cycles_through_sets():
@@ -105,6 +188,28 @@ def test_rel_l2_and_reference_on_cpu():
     bad[1, 2, 20:] = 0  # a wrong tail in the last head must be caught
     ok, err, why = timing.check_output(bad, refs, pairs, shape)
     assert not ok and err > 1e-2 and "rel_l2" in why
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_inputs_and_reference_for_gqa_and_causal_on_cpu(causal):
+    torch = pytest.importorskip("torch")
+    shape = shapes.Shape("g", "g", 2, 4, 40, 24, causal=causal, heads_kv=2)  # Sq > Sk: some rows see all keys
+    sets = timing.make_inputs(shape, 2, device="cpu")
+    q, k, v = sets[0]
+    assert q.shape == (2, 4, 40, 128) and k.shape == v.shape == (2, 2, 24, 128)
+    assert not torch.equal(sets[0][0], sets[1][0])
+    pairs = [(0, 0), (0, 1), (1, 2), (1, 3)]
+    refs = timing.reference_slices(q, k, v, pairs, chunk_rows=7, causal=causal)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True
+    )
+    for (b, h), r in zip(pairs, refs):
+        assert timing.rel_l2(r, want[b, h]) < 1e-5
+    # the wrong K/V head or the wrong mask is caught
+    other = timing.reference_slices(q, k, v, pairs, chunk_rows=7, causal=not causal)
+    assert timing.rel_l2(other[0], want[0, 0]) > 1e-2
+    swapped = timing.reference_slices(q, k.flip(1), v.flip(1), pairs, causal=causal)
+    assert timing.rel_l2(swapped[0], want[0, 0]) > 1e-2
 
 
 # --------------------------------------------------------------------------------------- impls
@@ -256,19 +361,105 @@ def test_markdown_table_content():
     )
     header = next(line for line in lines if line.startswith("| impl"))
     assert header == "| impl | 4k | 8k | Wan2.1-1.3B 480p (B1 H12 S32760) |"
+    assert lines[2] == (
+        "Forward TFLOP/s (4·B·H·Sq·Sk·D / median time), bf16, head_dim 128, non-causal; FA-paper columns: "
+        "16 heads, batch·seqlen = 16384; × = ratio to SDPA cuDNN / to FlashAttention-4 (sm90) in the same run."
+    )
     body = [line for line in lines if line.startswith("| ") and not line.startswith("| impl")]
-    assert body == [
+    assert body == [  # ratio to cuDNN / ratio to FA4 (660)
+        "| 02 mma_sync | 300 (0.50× / 0.45×) | error | — |",
+        "| 04 fast_softmax | 450 (0.75× / 0.68×) | 450 (0.75× / 0.68×) | 450 (0.75× / 0.68×) |",
+        "| SDPA cuDNN | 600 (1.00× / 0.91×) | 600 (1.00× / 0.91×) | 600 (1.00× / 0.91×) |",
+        "| SDPA flash (FA2) | 340 (0.57× / 0.52×) | 340 (0.57× / 0.52×) | 340 (0.57× / 0.52×) |",
+        "| FlashAttention-4 (sm90) | 660 (1.10× / 1.00×) | 660 (1.10× / 1.00×) | 660 (1.10× / 1.00×) |",
+    ]
+    assert "- rung02 at 8k: error: wrong result (rel_l2 2.0e-01 > 0.01)" in lines
+    assert "- rung02 at Wan2.1-1.3B 480p: skipped: too slow for seqlen > 8192 (max_bench_seqlen)" in lines
+    assert report.format_cudnn(91900) == "9.19.0" and report.format_cudnn(8907) == "8.9.7"
+    text = report.console_table(doc)
+    assert "450 (0.75x / 0.68x)" in text and text.splitlines()[0] == lines[0].strip("_")
+    assert text.splitlines()[1] == "TFLOP/s (x cuDNN / x FA4)"
+
+
+def _old_schema(doc):
+    """``doc`` as bench wrote it before the FA4 ratio, the rounds and the Wan2.1-14B shapes (schema 1)."""
+    old = json.loads(json.dumps(doc))
+    old["schema"] = 1
+    old["settings"].pop("rounds", None)
+    for r in old["rows"]:
+        del r["ratio_to_fa4"], r["rounds_ms"]
+    for s in old["shapes"]:
+        s.pop("heads_kv", None)
+    return old
+
+
+def test_report_on_results_without_the_new_fields_and_shapes():
+    """A results file written before this change renders exactly as it did (the lines below are the
+    pre-change output): no FA4 ratio, no rounds phrase, no shape notes; the chart still draws."""
+    old = _old_schema(_synthetic_doc())
+    assert {s["name"] for s in old["shapes"]} == {"fa-4k", "fa-8k", "wan2.1-1.3b-480p"}
+    lines = report.markdown_table(old).splitlines()
+    assert lines[2] == (
+        "Forward TFLOP/s (4·B·H·Sq·Sk·D / median time), bf16, head_dim 128, non-causal; FA-paper columns: "
+        "16 heads, batch·seqlen = 16384; × = ratio to SDPA cuDNN in the same run."
+    )
+    assert [line for line in lines if line.startswith("| ")] == [
+        "| impl | 4k | 8k | Wan2.1-1.3B 480p (B1 H12 S32760) |",
         "| 02 mma_sync | 300 (0.50×) | error | — |",
         "| 04 fast_softmax | 450 (0.75×) | 450 (0.75×) | 450 (0.75×) |",
         "| SDPA cuDNN | 600 (1.00×) | 600 (1.00×) | 600 (1.00×) |",
         "| SDPA flash (FA2) | 340 (0.57×) | 340 (0.57×) | 340 (0.57×) |",
         "| FlashAttention-4 (sm90) | 660 (1.10×) | 660 (1.10×) | 660 (1.10×) |",
     ]
-    assert "- rung02 at 8k: error: wrong result (rel_l2 2.0e-01 > 0.01)" in lines
-    assert "- rung02 at Wan2.1-1.3B 480p: skipped: too slow for seqlen > 8192 (max_bench_seqlen)" in lines
-    assert report.format_cudnn(91900) == "9.19.0" and report.format_cudnn(8907) == "8.9.7"
-    text = report.console_table(doc)
-    assert "450 (0.75x)" in text and text.splitlines()[0] == lines[0].strip("_")
+    assert report.console_table(old).splitlines()[1] == "TFLOP/s (x cuDNN)"
+    assert "| **this rung 4** | 450 (0.75×) | 450 (0.75×) | 450 (0.75×) |" in report.rung_page_block(old, 4)
+    assert report._chart_columns(old) == [("fa-4k", "4k"), ("fa-8k", "8k")]
+
+
+def test_committed_results_still_render_the_committed_readme_table():
+    """The committed README block renders again, byte for byte, from the committed results file it
+    names, whatever that file's schema (report is the only writer of the block)."""
+    text = (REPO / "README.md").read_text()
+    m = re.search(r"Generated by `python -m attnclimb report ([^`]+)`", text)
+    if report.MARK_BEGIN not in text or not m or not (REPO / m.group(1)).is_file():
+        pytest.skip("no README results block naming a committed results file")
+    block = report.markdown_table(report.load_results(REPO / m.group(1)), source=m.group(1))
+    assert report.replace_between_markers(text, block) == text
+
+
+def test_report_with_the_new_wan_shapes_and_rounds():
+    sh = [shapes.fa_shape(4096), shapes.WAN_SHAPE, shapes.WAN14B_SHAPE, shapes.WAN_CROSS_SHAPE]
+    tf = {"rung09": {"wan2.1-14b-720p-cross": 391.0}, "sdpa_cudnn": {"wan2.1-14b-720p-cross": 511.0}, "fa4": {}}
+    rows = []
+    for s in sh:
+        for impl, per in tf.items():
+            t = per.get(s.name, 580.0 if impl != "fa4" else 640.0)
+            if impl == "fa4" and s is shapes.WAN14B_SHAPE:
+                rows.append(run.make_row(impl, s, "error: out of memory (test)"))
+                continue
+            ms = s.flops / (t * 1e12) * 1e3
+            rows.append(run.make_row(impl, s, "ok", rounds_ms=[ms * 1.01, ms, ms * 0.98], label=impl))
+    doc = run.build_results({"device": "NVIDIA H200"}, rows, sh, {"rounds": 3})
+    md = report.markdown_table(doc)
+    lines = md.splitlines()
+    assert lines[2].startswith("Forward TFLOP/s (4·B·H·Sq·Sk·D / median time; median over 3 interleaved rounds)")
+    assert "Wan2.1-14B 720p cross-attn: its cross-attention from those 75600 video tokens to the 512 umT5" in lines[2]
+    header = next(line for line in lines if line.startswith("| impl"))
+    assert header == (
+        "| impl | 4k | Wan2.1-1.3B 480p (B1 H12 S32760) | Wan2.1-14B 720p (B1 H40 S75600) | "
+        "Wan2.1-14B 720p cross-attn (B1 H40 Sq75600 Sk512) |"
+    )
+    body = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and "impl" not in line}
+    # the median round (ms) is reported; the FA4 ratio is missing where FA4 failed
+    assert body["rung09"] == (
+        "| rung09 | 580 (1.00× / 0.91×) | 580 (1.00× / 0.91×) | 580 (1.00× / —) | 391 (0.77× / 0.61×) |"
+    )
+    assert "- fa4 at Wan2.1-14B 720p: error: out of memory (test)" in lines
+    by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
+    r = by[("rung09", "wan2.1-14b-720p")]
+    assert r["rounds_ms"][1] == r["ms"] and r["ratio_to_fa4"] is None and r["ratio_to_cudnn"] == 1.0
+    assert by[("sdpa_cudnn", "wan2.1-14b-720p-cross")]["ratio_to_fa4"] == pytest.approx(511 / 640, abs=1e-3)
+    assert report._chart_columns(doc) == [("fa-4k", "4k")]  # the chart stays the FA headline sweep
 
 
 def test_readme_replacement_between_markers(tmp_path):
@@ -301,7 +492,7 @@ def test_report_cli(tmp_path):
     assert main(["report", str(latest), "--readme", str(readme), "--no-chart"]) == 0
     text = readme.read_text()
     assert text.startswith(f"a\n{report.MARK_BEGIN}\n_NVIDIA H200") and text.endswith(f"{report.MARK_END}\nb\n")
-    assert "| 04 fast_softmax | 450 (0.75×)" in text
+    assert "| 04 fast_softmax | 450 (0.75× / 0.68×)" in text
     assert main(["report", str(tmp_path / "nope.json"), "--readme", str(readme), "--no-chart"]) == 1
 
 
@@ -342,7 +533,7 @@ def test_report_and_bench_agree_on_the_results_folder_when_installed(tmp_path):
     assert f"(default: {results / 'latest.json'}," in report_help
     p = cli("report", "--no-chart")  # reads ./benchmarks/results/latest.json, where bench writes it
     assert p.returncode == 0, p.stderr
-    assert "the table:" in p.stdout and "| 04 fast_softmax | 450 (0.75×)" in p.stdout
+    assert "the table:" in p.stdout and "| 04 fast_softmax | 450 (0.75× / 0.68×)" in p.stdout
     assert not (site / "benchmarks").exists() and not (tmp_path / "README.md").exists()
 
 
@@ -401,7 +592,7 @@ class _Quiet:
     def describe(self, text):
         pass
 
-    def step(self, result):
+    def advance(self, n=1):
         pass
 
     def log(self, text):
@@ -491,6 +682,80 @@ def test_bench_loop_on_cpu(monkeypatch):
     assert all(r["ratio_to_cudnn"] == 1.0 for r in doc["rows"] if r["status"] == "ok")
 
 
+def test_bench_loop_interleaves_rounds(monkeypatch):
+    """Every impl is checked first (in list order), then timed once per round in the order
+    forwards / backwards / forwards from half-way; a row's ms is the median of its rounds."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    F = torch.nn.functional
+    calls = []  # every impl.call, in order: ("call", key)
+
+    class Rec(peers.Impl):
+        def call(self, p):
+            calls.append(self.key)
+            q, k, v = p
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16()
+
+    class Flaky(Rec):  # passes the check, then raises in its second timing round
+        def call(self, p):
+            if calls.count(self.key) == 2:
+                calls.append(self.key)
+                raise RuntimeError("flaky")
+            return super().call(p)
+
+    class Wrong(Rec):
+        def call(self, p):
+            return super().call(p) * 2
+
+    impls = [
+        Rec("rung01", "01", "rung"),
+        Wrong("rung02", "02", "rung"),
+        Rec("rung03", "03", "rung", max_bench_seqlen=16),
+        Flaky("rung04", "04", "rung"),
+        Rec("rung05", "05", "rung"),
+        Rec("sdpa_cudnn", "cuDNN", "peer"),
+    ]
+    # per impl, the times its three rounds return (rung04's second round raises)
+    per_round = {"rung01": [3.0, 1.0, 2.0], "rung05": [5.0, 5.5, 4.0], "sdpa_cudnn": [1.0, 1.0, 7.0], "rung04": [2.0]}
+    timed = []  # the impl each timer call measured, in order
+
+    def stub_timer(fn, warmup_ms, rep_ms):
+        assert (warmup_ms, rep_ms) == (25.0, 100.0)
+        n = len(calls)
+        fn()  # the rotating call of one impl
+        key = calls[n]
+        timed.append(key)
+        return per_round[key][timed.count(key) - 1]
+
+    shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
+    rows, notes, settings = run.run_bench(
+        impls, [shape], 25.0, 100.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer
+    )
+    # checks first, in list order (rung03 skipped by its limit), each with one call
+    assert calls[:5] == ["rung01", "rung02", "rung04", "rung05", "sdpa_cudnn"]
+    # then the four that passed: forwards, backwards, forwards from the third (4 * 1 // 2 = 2); rung04
+    # raised in round 2 and is not timed again
+    assert calls[5:] == [
+        "rung01", "rung04", "rung05", "sdpa_cudnn",
+        "sdpa_cudnn", "rung05", "rung04", "rung01",
+        "rung05", "sdpa_cudnn", "rung01",
+    ]  # fmt: skip
+    assert timed == [k for i, k in enumerate(calls[5:]) if i != 6]  # the raising call returned no time
+    by = {r["impl"]: r for r in rows}
+    assert [r["impl"] for r in rows] == [i.key for i in impls]  # rows in impl order
+    assert (by["rung01"]["ms"], by["rung01"]["rounds_ms"]) == (2.0, [3.0, 1.0, 2.0])
+    assert (by["rung05"]["ms"], by["rung05"]["rounds_ms"]) == (5.0, [5.0, 5.5, 4.0])
+    assert (by["sdpa_cudnn"]["ms"], by["sdpa_cudnn"]["rounds_ms"]) == (1.0, [1.0, 1.0, 7.0])
+    assert by["rung01"]["tflops"] == pytest.approx(shape.flops / 2.0e-3 / 1e12, rel=1e-5)
+    assert by["rung02"]["status"].startswith("error: wrong result") and by["rung02"]["rounds_ms"] is None
+    assert by["rung03"]["status"].startswith("skipped: too slow")
+    assert by["rung04"]["status"] == "error: RuntimeError: flaky" and by["rung04"]["ms"] is None
+    assert by["rung04"]["rounds_ms"] is None
+    assert settings["rounds"] == 3 and "backwards" in settings["order"] and notes == []
+    with pytest.raises(ValueError):
+        run.run_bench(impls, [shape], 1, 1, progress=_Quiet(), device="cpu", rounds=0, timer=stub_timer)
+
+
 def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     import functools
@@ -531,7 +796,17 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     out = capsys.readouterr().out.rstrip("\n").splitlines()
     assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # the table and its notes come last
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
-    assert any(line.startswith("07 good") and "(1.00x)" in line for line in out)
+    assert any(line.startswith("07 good") and "(1.00x / 1.00x)" in line for line in out)
+    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 2
+    assert all(len(r["rounds_ms"]) == 3 for r in doc["rows"] if r["status"] == "ok")
+
+    assert main(["bench", "--out", str(tmp_path / "two"), "--rounds", "2", "--no-chart"]) == 1
+    doc = json.loads((tmp_path / "two" / "latest.json").read_text())
+    assert doc["settings"]["rounds"] == 2
+    assert {len(r["rounds_ms"]) for r in doc["rows"] if r["status"] == "ok"} == {2}
+    capsys.readouterr()
+    assert main(["bench", "--out", str(tmp_path / "zero"), "--rounds", "0"]) == 2
+    assert "--rounds must be >= 1" in capsys.readouterr().err and not (tmp_path / "zero").exists()
 
 
 def test_rung_page_measured_block(tmp_path):
@@ -549,10 +824,11 @@ def test_rung_page_measured_block(tmp_path):
     )
     assert "old" not in text
     # rung 4 at 450 vs cuDNN 600 -> 0.75x; the rung below (3) is absent -> no gain figure
-    assert "| **this rung 4** | 450 (0.75×)" in text
+    assert "| TFLOP/s (×cuDNN / ×FA4) | 4k | 8k | Wan2.1-1.3B 480p |" in text
+    assert "| **this rung 4** | 450 (0.75× / 0.68×)" in text
     assert "| before: rung 3 | — |" in text
     block = report.rung_page_block(doc, 2)
-    assert "| **this rung 2** | 300 (0.50×) | error | skipped |" in block
+    assert "| **this rung 2** | 300 (0.50× / 0.45×) | error | skipped |" in block
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ PEER_LABELS = {
     "fa4": "FlashAttention-4 (sm90)",
 }
 REFERENCE_KEY = "sdpa_cudnn"  # ratio_to_cudnn is relative to this impl on the same shape, same run
+FA4_KEY = "fa4"  # ratio_to_fa4 likewise
 
 
 def _one_line(exc: BaseException, limit: int = 160) -> str:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from . import paths
-from .peers import PEER_KEYS, PEER_LABELS, REFERENCE_KEY
-from .shapes import HEADLINE_SEQLENS
+from .peers import FA4_KEY, PEER_KEYS, PEER_LABELS, REFERENCE_KEY
+from .shapes import HEAD_DIM, HEADLINE_SEQLENS, SHAPE_NOTES, shape_detail
 
 DESCRIPTION = (
     "Fill the README's results table (between its markers) and each rung page's measured section "
@@ -76,10 +76,32 @@ def _labels(doc: dict) -> dict:
 
 
 def _shape_detail(doc: dict, name: str) -> str:
+    """`` (B1 H40 Sq75600 Sk512)`` after a named shape's label (:func:`~attnclimb.bench.shapes.shape_detail`);
+    nothing after the FA-paper columns, whose dimensions the caption gives."""
     for s in doc.get("shapes", []):
         if s["name"] == name and not name.startswith("fa-"):
-            return f" (B{s['batch']} H{s['heads']} S{s['seqlen_k']})"
+            d = shape_detail(
+                s["batch"], s["heads"], s["seqlen_q"], s["seqlen_k"], s.get("heads_kv"), s.get("head_dim", HEAD_DIM)
+            )
+            return f" ({d})"
     return ""
+
+
+def has_fa4_ratios(doc: dict) -> bool:
+    """True when some row carries a ``ratio_to_fa4`` (bench writes it since schema 2, where FA4 ran);
+    the table then shows it next to the ratio to cuDNN. Older results render as they always did."""
+    return any(r.get("ratio_to_fa4") is not None for r in doc["rows"])
+
+
+def _ok_cell(r: dict, times: str, fa4: bool) -> str:
+    """``"612 (1.00×)"``, or with ``fa4`` ``"612 (1.00× / 0.93×)"`` (ratio to cuDNN / to FA4; ``—`` where
+    one is missing)."""
+    cudnn, to_fa4 = r.get("ratio_to_cudnn"), r.get("ratio_to_fa4")
+    if not fa4:
+        return f"{r['tflops']:.0f}" + (f" ({cudnn:.2f}{times})" if cudnn is not None else "")
+    a = f"{cudnn:.2f}{times}" if cudnn is not None else "—"
+    b = f"{to_fa4:.2f}{times}" if to_fa4 is not None else "—"
+    return f"{r['tflops']:.0f} ({a} / {b})"
 
 
 def format_cudnn(v) -> str:
@@ -107,10 +129,12 @@ def table_model(doc: dict, times: str = "×") -> tuple:
     """``(header, body, footnotes)`` for the results table.
 
     header: ``["impl", <column labels>...]``; body: one list of strings per impl (label then cells, a cell
-    is ``"612 (1.00×)"`` for ok rows, ``"—"`` skipped, ``"error"``); footnotes: one line per
-    (impl, non-ok status) naming the columns it applies to.
+    is ``"612 (1.00×)"`` for ok rows, ``"612 (1.00× / 0.93×)"`` when the results carry ratios to FA4,
+    ``"—"`` skipped, ``"error"``); footnotes: one line per (impl, non-ok status) naming the columns it
+    applies to.
     """
     cols = _columns(doc)
+    fa4 = has_fa4_ratios(doc)
     labels = _labels(doc)
     by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
     header = ["impl"] + [lab + _shape_detail(doc, name) for name, lab in cols]
@@ -124,8 +148,7 @@ def table_model(doc: dict, times: str = "×") -> tuple:
                 continue
             st = r["status"]
             if st == "ok":
-                ratio = r.get("ratio_to_cudnn")
-                cells.append(f"{r['tflops']:.0f}" + (f" ({ratio:.2f}{times})" if ratio is not None else ""))
+                cells.append(_ok_cell(r, times, fa4))
             else:
                 cells.append("—" if st.startswith("skipped") else "error")
                 notes.setdefault((impl, st), []).append(lab)
@@ -134,15 +157,40 @@ def table_model(doc: dict, times: str = "×") -> tuple:
     return header, body, foot
 
 
+def _ratio_legend(doc: dict) -> str:
+    if has_fa4_ratios(doc):
+        return f"× = ratio to SDPA cuDNN / to {PEER_LABELS[FA4_KEY]} in the same run"
+    return "× = ratio to SDPA cuDNN in the same run" if any(r["impl"] == REFERENCE_KEY for r in doc["rows"]) else ""
+
+
+def _variants(doc: dict) -> str:
+    """``"head_dim 128, non-causal"`` when every shape is so (all results before issue 8), else a phrase
+    that sends the reader to the column labels."""
+    shapes = doc.get("shapes", [])
+    plain = all(
+        s.get("head_dim", HEAD_DIM) == HEAD_DIM and not s.get("causal") and s.get("heads_kv") in (None, s["heads"])
+        for s in shapes
+    )
+    return "head_dim 128, non-causal" if plain else "head_dim 128, non-causal, equal heads unless the column says"
+
+
+def _timing_phrase(doc: dict) -> str:
+    """``"; median over 3 interleaved rounds"`` for results that say how many rounds they ran, else ``""``."""
+    n = (doc.get("settings") or {}).get("rounds")
+    return f"; median over {n} interleaved rounds" if isinstance(n, int) and n > 1 else ""
+
+
 def markdown_table(doc: dict, source: str | None = None) -> str:
-    """The README block: caption, a markdown table (TFLOP/s and ×cuDNN per column), then the footnotes."""
+    """The README block: caption, a markdown table (TFLOP/s and ×cuDNN, ×FA4 when present, per column),
+    then the footnotes."""
     header, body, foot = table_model(doc)
-    ref = "× = ratio to SDPA cuDNN in the same run" if any(r["impl"] == REFERENCE_KEY for r in doc["rows"]) else ""
+    ref = _ratio_legend(doc)
+    shape_notes = "".join(f" {lab}: {SHAPE_NOTES[n]}." for n, lab in _columns(doc) if n in SHAPE_NOTES)
     lines = [
         f"_{caption(doc)}_",
         "",
-        "Forward TFLOP/s (4·B·H·Sq·Sk·D / median time), bf16, head_dim 128, non-causal; FA-paper columns: "
-        "16 heads, batch·seqlen = 16384" + (f"; {ref}" if ref else "") + ".",
+        f"Forward TFLOP/s (4·B·H·Sq·Sk·D / median time{_timing_phrase(doc)}), bf16, {_variants(doc)}; "
+        "FA-paper columns: 16 heads, batch·seqlen = 16384" + (f"; {ref}" if ref else "") + "." + shape_notes,
         "",
     ]
     lines.append("| " + " | ".join(header) + " |")
@@ -168,7 +216,8 @@ def console_table(doc: dict) -> str:
     def fmt(r):
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
-    out = [caption(doc), "TFLOP/s (x cuDNN)", fmt(header), "  ".join("-" * w for w in widths)]
+    unit = "TFLOP/s (x cuDNN / x FA4)" if has_fa4_ratios(doc) else "TFLOP/s (x cuDNN)"
+    out = [caption(doc), unit, fmt(header), "  ".join("-" * w for w in widths)]
     out += [fmt(r) for r in body]
     out += [f"  {f}" for f in foot]
     return "\n".join(out)
@@ -224,6 +273,7 @@ def rung_page_block(doc: dict, number: int) -> str | None:
     if not any(r["impl"] == me for r in doc["rows"]):
         return None
     cols = _columns(doc)
+    fa4 = has_fa4_ratios(doc)
 
     def cell(impl, name):
         r = by.get((impl, name))
@@ -231,8 +281,7 @@ def rung_page_block(doc: dict, number: int) -> str | None:
             return "—"
         if r["status"] != "ok":
             return "skipped" if r["status"].startswith("skipped") else "error"
-        ratio = r.get("ratio_to_cudnn")
-        return f"{r['tflops']:.0f}" + (f" ({ratio:.2f}×)" if ratio is not None else "")
+        return _ok_cell(r, "×", fa4)
 
     def gain(name):
         a, b = by.get((me, name)), by.get((below, name))
@@ -243,7 +292,7 @@ def rung_page_block(doc: dict, number: int) -> str | None:
     lines = [
         f"_{caption(doc)}_",
         "",
-        "| TFLOP/s (×cuDNN) | " + " | ".join(lab for _, lab in cols) + " |",
+        f"| TFLOP/s (×cuDNN{' / ×FA4' if fa4 else ''}) | " + " | ".join(lab for _, lab in cols) + " |",
         "|:---|" + "---:|" * len(cols),
     ]
     if number > 0:
@@ -300,7 +349,7 @@ def spread_labels(ys: list, min_gap: float) -> list:
 def _chart_columns(doc: dict) -> list:
     shapes = doc.get("shapes") or []
     fa = [s for s in shapes if s["name"].startswith("fa-")]
-    head = [s for s in fa if s.get("headline") or s["seqlen_k"] in HEADLINE_SEQLENS]
+    head = [s for s in fa if s.get("headline", s["seqlen_k"] in HEADLINE_SEQLENS)]  # not causal/d64/... variants
     return [(s["name"], s.get("label", s["name"])) for s in (head or fa or shapes)]
 
 

@@ -1,10 +1,15 @@
 """``python -m attnclimb bench``: time every rung and every peer on the benchmark shapes.
 
 Flow per shape: allocate enough (q, k, v) sets to rotate beyond L2, compute a float32 reference for two
-heads, then for each implementation: check its output (rel. L2 <= 1e-2, else the row is
-``"error: wrong result ..."`` and it is not timed), then take the median time. Rows, environment and
-settings go to ``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to
-``<out>/ladder.png``; the table is printed last.
+heads, then check every implementation's output (rel. L2 <= 1e-2, else the row is
+``"error: wrong result ..."`` and it is not timed). Then the implementations that passed are timed in
+rounds (default 3): every round times each of them once (a median over ~``rep_ms`` of calls), in an
+order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
+so that no implementation always runs right after the same heavy neighbour or at the same point of
+the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
+the per-round values (in round order). Rows, environment and settings go to
+``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``;
+the table is printed last.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ DESCRIPTION = (
     "Hopper GPU."
 )
 REPO_ROOT = paths.REPO_ROOT
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds
 ROW_FIELDS = (
     "impl",
     "label",
@@ -45,11 +50,22 @@ ROW_FIELDS = (
     "ms",
     "tflops",
     "ratio_to_cudnn",
+    "ratio_to_fa4",
     "rel_l2",
     "status",
+    "rounds_ms",
 )
-DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 50.0, 200.0
+RATIO_FIELDS = {"ratio_to_cudnn": peers_mod.REFERENCE_KEY, "ratio_to_fa4": peers_mod.FA4_KEY}
+# Time budgets of one measurement: one implementation on one shape in one round (do_bench's warmup and
+# rep, in ms: the number of calls follows from the kernel's time, at least one of each).
+DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25.0, 100.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
+DEFAULT_ROUNDS = 3
+ORDER_NOTE = (
+    "per shape: every implementation checked once, then timed once per round; even rounds run the list "
+    "forwards from implementation (r//2)*n//ceil(rounds/2), odd rounds the previous round backwards; "
+    "ms = median over rounds of each round's median (rounds_ms, in round order)"
+)
 NO_HOPPER_EXIT = 2
 
 
@@ -57,7 +73,13 @@ NO_HOPPER_EXIT = 2
 
 
 def make_row(
-    impl: str, shape, status: str = "ok", ms: float | None = None, label: str | None = None, rel_l2: float | None = None
+    impl: str,
+    shape,
+    status: str = "ok",
+    ms: float | None = None,
+    label: str | None = None,
+    rel_l2: float | None = None,
+    rounds_ms: list | None = None,
 ) -> dict:
     """One result row (see :data:`ROW_FIELDS`); ``tflops`` is derived from ``ms`` for ``status == "ok"``.
 
@@ -65,18 +87,25 @@ def make_row(
         impl: ``rungNN`` or a peer key (``sdpa_cudnn``, ``sdpa_flash``, ``sdpa_efficient``, ``fa4``).
         shape: a :class:`~attnclimb.bench.shapes.Shape`.
         status: ``"ok"``, ``"skipped: <why>"`` or ``"error: <msg>"``.
-        ms: median milliseconds per call (required when ``status == "ok"``, else ignored).
+        ms: milliseconds per call; for an ok row without it, the median of ``rounds_ms``
+            (:func:`~attnclimb.bench.timing.median_of_rounds`). Ignored unless ok.
+        rounds_ms: each round's median, in round order (kept in the row; ``None`` unless ok).
 
-    ``ratio_to_cudnn`` is left ``None``; :func:`fill_ratios` sets it once the whole run is known.
+    ``ratio_to_cudnn`` and ``ratio_to_fa4`` are left ``None``; :func:`fill_ratios` sets them once the
+    whole run is known.
     """
     if status == "ok":
+        if ms is None and rounds_ms:
+            from .timing import median_of_rounds
+
+            ms = median_of_rounds(rounds_ms)
         if ms is None:
-            raise ValueError("an ok row needs ms")
+            raise ValueError("an ok row needs ms or rounds_ms")
         t = shapes_mod.tflops(shape.flops, ms)
     else:
         if not status.startswith(("skipped: ", "error: ")):
             raise ValueError(f"status must be 'ok', 'skipped: ...' or 'error: ...', got {status!r}")
-        ms, t = None, None
+        ms, t, rounds_ms = None, None, None
     return {
         "impl": impl,
         "label": label or peers_mod.PEER_LABELS.get(impl, impl),
@@ -90,20 +119,24 @@ def make_row(
         "ms": None if ms is None else float(f"{ms:.6g}"),
         "tflops": None if t is None else float(f"{t:.6g}"),
         "ratio_to_cudnn": None,
+        "ratio_to_fa4": None,
         "rel_l2": None if rel_l2 is None or rel_l2 != rel_l2 or rel_l2 == float("inf") else float(f"{rel_l2:.3e}"),
         "status": status,
+        "rounds_ms": None if rounds_ms is None else [float(f"{v:.6g}") for v in rounds_ms],
     }
 
 
-def fill_ratios(rows: list, reference: str = peers_mod.REFERENCE_KEY) -> list:
-    """Set ``ratio_to_cudnn = tflops / tflops(reference, same shape)`` on every ok row (in place; returns rows).
+def fill_ratios(rows: list) -> list:
+    """Set each field of :data:`RATIO_FIELDS` (``ratio_to_cudnn``, ``ratio_to_fa4``) to ``tflops /
+    tflops(its reference impl, same shape)`` on every ok row (in place; returns rows).
 
-    Rows whose shape has no ok ``reference`` row keep ``None``.
+    Rows whose shape has no ok row of the reference keep ``None``.
     """
-    ref = {r["shape"]: r["tflops"] for r in rows if r["impl"] == reference and r["status"] == "ok"}
-    for r in rows:
-        base = ref.get(r["shape"])
-        r["ratio_to_cudnn"] = float(f"{r['tflops'] / base:.4g}") if (r["status"] == "ok" and base) else None
+    for field, reference in RATIO_FIELDS.items():
+        ref = {r["shape"]: r["tflops"] for r in rows if r["impl"] == reference and r["status"] == "ok"}
+        for r in rows:
+            base = ref.get(r["shape"])
+            r[field] = float(f"{r['tflops'] / base:.4g}") if (r["status"] == "ok" and base) else None
     return rows
 
 
@@ -329,14 +362,13 @@ class _Progress:
         elif self._kind == "tqdm":
             self._p.set_description_str(text)
 
-    def step(self, result: str):
-        """Advance by one and log ``result`` above the bar (so logs of non-interactive runs show each row)."""
-        self.done += 1
-        self.log(f"[{self.done}/{self.total}] {result}")
+    def advance(self, n: int = 1):
+        """Advance the bar by ``n`` measurements."""
+        self.done += n
         if self._kind == "rich":
-            self._p.advance(self._task)
+            self._p.advance(self._task, n)
         elif self._kind == "tqdm":
-            self._p.update(1)
+            self._p.update(n)
 
     def log(self, text: str):
         if self._kind == "rich":
@@ -382,18 +414,29 @@ def run_bench(
     respect_limits: bool = True,
     progress=None,
     device: str = "cuda",
+    rounds: int = DEFAULT_ROUNDS,
+    timer=None,
 ) -> tuple:
-    """Check and time every ``impl`` on every ``shape``.
+    """Check every ``impl`` on every ``shape``, then time the ones that passed in interleaved rounds.
 
-    ``device="cpu"`` exists for the CPU tests of this loop (with a fake timer); benchmarks use CUDA.
+    Args:
+        warmup_ms, rep_ms: budgets of one measurement (one impl, one shape, one round), passed to ``timer``.
+        rounds: measurements per (impl, shape); each round times every impl once, in the order
+            :func:`~attnclimb.bench.timing.round_order` gives (see the module docstring).
+        timer: ``timer(fn, warmup_ms, rep_ms) -> median ms of one fn() call``; default
+            :func:`~attnclimb.bench.timing.median_ms` (a seam for the CPU tests).
+        device: ``"cpu"`` exists for the CPU tests of this loop (with a fake timer); benchmarks use CUDA.
 
-    Returns ``(rows, notes, settings)``: rows without ratios (see :func:`build_results`), one-line notes
-    (unavailable impls, lost context) and the settings actually used.
+    Returns ``(rows, notes, settings)``: rows without ratios (see :func:`build_results`), in impl order
+    within each shape; one-line notes (unavailable impls, lost context) and the settings actually used.
     """
     import torch
 
     from . import timing
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    time_fn = timer if timer is not None else timing.median_ms
     notes, rows = [], []
     avail = {}
     for impl in impls:
@@ -405,14 +448,30 @@ def run_bench(
     settings = {
         "warmup_ms": warmup_ms,
         "rep_ms": rep_ms,
-        "timer": timing.timer_name(),
+        "rounds": rounds,
+        "order": ORDER_NOTE,
+        "timer": timing.timer_name() if timer is None else getattr(timer, "__name__", "custom"),
         "l2_bytes": l2,
         "input_sets": {},
         "respect_max_bench_seqlen": respect_limits,
         "check": f"float32 reference on (b,h) first and last, all rows; rel L2 <= {REL_L2_TOL:g}",
     }
     dead = None  # set when a kernel killed the CUDA context: nothing after it can run
-    prog = progress or _Progress(len(impls) * len(shapes))
+    prog = progress or _Progress(len(impls) * len(shapes) * (1 + rounds))  # one check + `rounds` timings each
+
+    def lost_context(impl_key: str, shape) -> None:
+        nonlocal dead
+        lost = _context_alive(device)
+        if lost and dead is None:
+            dead = f"{impl_key} on {shape.name}: {lost}"
+            notes.append(f"CUDA context lost after {dead}; later rows are errors")
+            prog.log(notes[-1])
+
+    def describe_row(r: dict, shape) -> str:
+        if r["status"] != "ok":
+            return f"{r['impl']} {shape.label}: {r['status']}"
+        per = ", ".join(f"{shapes_mod.tflops(shape.flops, v):.1f}" for v in r["rounds_ms"] or [])
+        return f"{r['impl']} {shape.label}: {r['tflops']:.1f} TFLOP/s" + (f" (rounds: {per})" if per else "")
 
     for shape in shapes:
         plan = []
@@ -423,38 +482,73 @@ def run_bench(
                 r = impl.skip_reason(shape)
                 skip = f"skipped: {r}" if r else None
             plan.append((impl, skip))
+        sets = refs = pairs = None
         if dead is None and any(s is None for _, s in plan):
             try:
                 n_sets = timing.num_input_sets(shape.qkv_bytes(), l2)
                 settings["input_sets"][shape.name] = n_sets
                 sets = timing.make_inputs(shape, n_sets, device=device)
                 pairs = timing.check_heads(shape)
-                refs = timing.reference_slices(*sets[0], pairs)
+                refs = timing.reference_slices(*sets[0], pairs, causal=shape.causal)
             except Exception as exc:
                 msg = peers_mod._one_line(exc)
                 dead = _context_alive(device) and f"setup of {shape.name} failed ({msg})"
                 plan = [(i, s or f"error: input setup failed ({msg})") for i, s in plan]
                 sets = refs = None
+
+        # 1. check every impl once (in list order); the ones that pass are timed in the rounds below
+        final = {}  # impl key -> finished row
+        live = []  # [impl, rotating fn, rel_l2, per-round medians] of the impls still being timed
         for impl, skip in plan:
-            prog.describe(f"{impl.key} @ {shape.label}")
             if dead is not None and skip is None:
                 skip = f"error: CUDA context lost earlier ({dead})"
             if skip is not None:
-                rows.append(make_row(impl.key, shape, skip, label=impl.label))
-                prog.step(f"{impl.key} {shape.label}: {skip}")
+                final[impl.key] = make_row(impl.key, shape, skip, label=impl.label)
+                prog.advance(1 + rounds)
+                prog.log(describe_row(final[impl.key], shape))
                 continue
-            rows.append(_bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device))
-            r = rows[-1]
-            prog.step(
-                f"{impl.key} {shape.label}: " + (f"{r['tflops']:.1f} TFLOP/s" if r["status"] == "ok" else r["status"])
-            )
-            if r["status"].startswith("error:") and "wrong result" not in r["status"]:
-                lost = _context_alive(device)
-                if lost:
-                    dead = f"{impl.key} on {shape.name}: {lost}"
-                    notes.append(f"CUDA context lost after {dead}; later rows are errors")
-                    prog.log(notes[-1])
-        sets = refs = None
+            prog.describe(f"check {impl.key} @ {shape.label}")
+            prepared, row, err = _prepare_and_check(impl, shape, sets, pairs, refs, device)
+            prog.advance(1)
+            if row is not None:
+                final[impl.key] = row
+                prog.advance(rounds)
+                prog.log(describe_row(row, shape))
+                if "wrong result" not in row["status"] and row["status"].startswith("error:"):
+                    lost_context(impl.key, shape)
+                continue
+            live.append([impl, timing.rotating(impl.call, prepared), err, []])
+            prepared = None
+
+        # 2. time the live impls in rounds, the order rotated and reversed from round to round
+        for rnd in range(rounds):
+            for idx in timing.round_order(len(live), rnd, rounds):
+                entry = live[idx]
+                impl, fn = entry[0], entry[1]
+                if impl.key in final:  # failed in an earlier round
+                    continue
+                if dead is not None:
+                    final[impl.key] = make_row(
+                        impl.key, shape, f"error: CUDA context lost earlier ({dead})", label=impl.label
+                    )
+                    prog.advance(rounds - rnd)
+                    continue
+                prog.describe(f"round {rnd + 1}/{rounds}: {impl.key} @ {shape.label}")
+                try:
+                    with torch.no_grad(), impl.context():
+                        entry[3].append(float(time_fn(fn, warmup_ms, rep_ms)))
+                    prog.advance(1)
+                except Exception as exc:
+                    final[impl.key] = _failure_row(impl, shape, exc)
+                    prog.advance(rounds - rnd)
+                    prog.log(describe_row(final[impl.key], shape))
+                    lost_context(impl.key, shape)
+        for impl, _, err, per_round in live:
+            if impl.key not in final:
+                final[impl.key] = make_row(impl.key, shape, "ok", label=impl.label, rel_l2=err, rounds_ms=per_round)
+                prog.log(describe_row(final[impl.key], shape))
+        rows += [final[impl.key] for impl in impls]
+        live = sets = refs = entry = fn = None  # drop the inputs (and FA4's copies) before the next shape
         if dead is None and device != "cpu":
             torch.cuda.empty_cache()
     if progress is None:
@@ -462,7 +556,24 @@ def run_bench(
     return rows, notes, settings
 
 
-def _bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device="cuda") -> dict:
+def _failure_row(impl, shape, exc) -> dict:
+    """The row for an exception raised while checking or timing ``impl``."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return make_row(impl.key, shape, f"error: out of memory ({peers_mod._one_line(exc, 80)})", label=impl.label)
+    msg = peers_mod._one_line(exc)
+    if impl.kind == "peer" and impl.key.startswith("sdpa_") and "No available kernel" in msg:
+        return make_row(impl.key, shape, "skipped: this SDPA backend refused the shape", label=impl.label)
+    return make_row(impl.key, shape, f"error: {msg}", label=impl.label)
+
+
+def _prepare_and_check(impl, shape, sets, pairs, refs, device="cuda") -> tuple:
+    """Prepare every input set for ``impl`` and check its output on the first one.
+
+    Returns ``(prepared, None, rel_l2)`` when the output is right (first call done: JIT/compilation
+    happens there, outside any timing), else ``(None, row, None)`` with the error/skip row.
+    """
     import torch
 
     from . import timing
@@ -471,23 +582,16 @@ def _bench_one(impl, shape, sets, pairs, refs, warmup_ms, rep_ms, device="cuda")
     try:
         with torch.no_grad(), impl.context():
             prepared = [impl.prepare(*s) for s in sets]
-            out = impl.call(prepared[0])  # first call: JIT/compile happens here, outside the timing
+            out = impl.call(prepared[0])
             _sync(device)
             ok, err, why = timing.check_output(impl.to_bhsd(out), refs, pairs, shape)
             out = None
-            if not ok:
-                return make_row(impl.key, shape, f"error: wrong result ({why})", label=impl.label, rel_l2=err)
-            ms = timing.median_ms(timing.rotating(impl.call, prepared), warmup_ms, rep_ms)
-        return make_row(impl.key, shape, "ok", ms=ms, label=impl.label, rel_l2=err)
-    except torch.cuda.OutOfMemoryError as exc:
-        return make_row(impl.key, shape, f"error: out of memory ({peers_mod._one_line(exc, 80)})", label=impl.label)
+        if not ok:
+            return None, make_row(impl.key, shape, f"error: wrong result ({why})", label=impl.label, rel_l2=err), None
+        return prepared, None, err
     except Exception as exc:
-        msg = peers_mod._one_line(exc)
-        if impl.kind == "peer" and impl.key.startswith("sdpa_") and "No available kernel" in msg:
-            return make_row(impl.key, shape, "skipped: this SDPA backend refused the shape", label=impl.label)
-        return make_row(impl.key, shape, f"error: {msg}", label=impl.label)
-    finally:
         prepared = out = None
+        return None, _failure_row(impl, shape, exc), None
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -505,9 +609,19 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--seqlens",
         metavar="LIST",
-        help="FA-paper seqlens and/or 'wan', e.g. 4k,8192,wan (default: 1k,2k,4k,8k,16k,wan)",
+        help="FA-paper seqlens and/or the named shapes 'wan' (Wan2.1-1.3B 480p self-attention), 'wan14b' "
+        "(Wan2.1-14B 720p self-attention) and 'wan-cross' (its cross-attention to the 512 text tokens), "
+        "e.g. 4k,8192,wan-cross (default: 1k,2k,4k,8k,16k,wan,wan14b,wan-cross)",
     )
     p.add_argument("--quick", action="store_true", help="4k, 16k and wan only, shorter warm-up and rep")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help="time every implementation N times per shape, interleaved with the others in an order that "
+        "changes from round to round; report the median of the rounds (default: %(default)s)",
+    )
     p.add_argument(
         "--out",
         metavar="DIR",
@@ -515,8 +629,20 @@ def add_arguments(p) -> None:
         help=f"results folder (default: {paths.results_dir()}, where report reads them)",
     )
     p.add_argument("--no-chart", action="store_true", help="don't write ladder.png")
-    p.add_argument("--warmup-ms", type=float, default=None, help="warm-up time per measurement (ms)")
-    p.add_argument("--rep-ms", type=float, default=None, help="timed repetitions per measurement (ms)")
+    p.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=None,
+        help=f"warm-up time per measurement, i.e. per implementation, shape and round (ms; default "
+        f"{DEFAULT_WARMUP_MS:g}, {QUICK_WARMUP_MS:g} with --quick)",
+    )
+    p.add_argument(
+        "--rep-ms",
+        type=float,
+        default=None,
+        help=f"timed repetitions per measurement (ms; at least one call; default {DEFAULT_REP_MS:g}, "
+        f"{QUICK_REP_MS:g} with --quick)",
+    )
     p.add_argument(
         "--no-limits",
         action="store_true",
@@ -540,6 +666,10 @@ def main(args) -> int:
     if not impls:
         print("attnclimb bench: nothing selected", file=sys.stderr)
         return 2
+    rounds = getattr(args, "rounds", DEFAULT_ROUNDS)
+    if rounds < 1:
+        print(f"attnclimb bench: --rounds must be >= 1, got {rounds}", file=sys.stderr)
+        return 2
     warmup = args.warmup_ms if args.warmup_ms is not None else (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
     out_dir = Path(args.out) if args.out else paths.results_dir()
@@ -547,11 +677,12 @@ def main(args) -> int:
     t0 = time.monotonic()
     started = datetime.now(timezone.utc)
     env = collect_env(started)
-    rows, notes, settings = run_bench(impls, shapes, warmup, rep, respect_limits=not args.no_limits)
+    rows, notes, settings = run_bench(impls, shapes, warmup, rep, respect_limits=not args.no_limits, rounds=rounds)
     env["gpu_clocks"]["end"] = gpu_clocks()
     settings["elapsed_s"] = round(time.monotonic() - t0, 1)
-    if not any(i.key == peers_mod.REFERENCE_KEY for i in impls):
-        notes.append("sdpa_cudnn not selected: ratio_to_cudnn is empty")
+    for key, field in ((peers_mod.REFERENCE_KEY, "ratio_to_cudnn"), (peers_mod.FA4_KEY, "ratio_to_fa4")):
+        if not any(i.key == key for i in impls):
+            notes.append(f"{key} not selected: {field} is empty")
     doc = build_results(env, rows, shapes, settings, notes)
     stamped, latest = write_results(doc, out_dir, started)
 

@@ -1,7 +1,8 @@
-"""Timing and checking helpers: median kernel time, inputs rotated beyond L2, the reference check.
+"""Timing and checking helpers: median kernel time, inputs rotated beyond L2, interleaved rounds, the
+reference check.
 
-All functions here need a CUDA device except :func:`num_input_sets` and :func:`rel_l2` (which works on
-CPU tensors too).
+All functions here need a CUDA device except :func:`num_input_sets`, :func:`rotating`,
+:func:`round_order`, :func:`median_of_rounds` and the reference helpers (which work on CPU tensors too).
 """
 
 from __future__ import annotations
@@ -37,19 +38,17 @@ def num_input_sets(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, minimum: in
 
 
 def make_inputs(shape, n_sets: int, seed: int = 0, device: str = "cuda") -> list:
-    """``n_sets`` independent (q, k, v) bf16 tensors of ``shape`` on ``device`` (BHSD, contiguous, N(0, 1))."""
+    """``n_sets`` independent (q, k, v) bf16 tensors of ``shape`` on ``device`` (BHSD, contiguous, N(0, 1));
+    k and v have ``shape.kv_heads`` heads."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
+    kv_heads = getattr(shape, "kv_heads", shape.heads)
     sets = []
     for _ in range(n_sets):
         qkv = []
-        for s in (shape.seqlen_q, shape.seqlen_k, shape.seqlen_k):
-            qkv.append(
-                torch.randn(
-                    shape.batch, shape.heads, s, shape.head_dim, device=device, dtype=torch.bfloat16, generator=g
-                )
-            )
+        for h, s in ((shape.heads, shape.seqlen_q), (kv_heads, shape.seqlen_k), (kv_heads, shape.seqlen_k)):
+            qkv.append(torch.randn(shape.batch, h, s, shape.head_dim, device=device, dtype=torch.bfloat16, generator=g))
         sets.append(tuple(qkv))
     return sets
 
@@ -65,6 +64,32 @@ def rotating(call, prepared_sets):
         return call(prepared_sets[i])
 
     return fn
+
+
+def round_order(n: int, round_index: int, rounds: int) -> list:
+    """The order in which ``n`` implementations are timed in round ``round_index`` of ``rounds``.
+
+    Rounds come in pairs: an even round runs the list forwards from some start (wrapping around), the odd
+    round after it runs the same order backwards, so within a pair every implementation has the same
+    mean position (a clock that drifts over the pair hits all alike) and a different neighbour before
+    it each time. Pair ``p`` starts at implementation ``p * n // pairs`` (``pairs = ceil(rounds / 2)``),
+    so with 3 rounds the last one starts half-way down the list. Returns a permutation of ``range(n)``.
+    """
+    if n < 0 or rounds < 1 or not 0 <= round_index < rounds:
+        raise ValueError(f"need n >= 0 and 0 <= round_index < rounds, got {n}, {round_index}, {rounds}")
+    pairs = (rounds + 1) // 2
+    start = (round_index // 2) * n // pairs
+    order = [*range(start, n), *range(start)]
+    return order[::-1] if round_index % 2 else order
+
+
+def median_of_rounds(round_medians) -> float:
+    """The reported time: the median over rounds of each round's median (the mean of the middle two for
+    an even number of rounds). ``ValueError`` when empty."""
+    vals = [float(v) for v in round_medians]
+    if not vals:
+        raise ValueError("no rounds")
+    return statistics.median(vals)
 
 
 def _have_triton_do_bench():
@@ -128,14 +153,17 @@ def check_heads(shape) -> list:
     return list(dict.fromkeys(pairs))
 
 
-def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int = 2048) -> list:
+def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int = 2048, causal: bool = False) -> list:
     """float32 attention for the ``(b, h)`` pairs, every query row: softmax(q k^T * scale) v.
 
     Args:
-        q, k, v: ``(batch, heads, seqlen, head_dim)`` tensors (any float dtype, CUDA or CPU).
-        pairs: list of ``(b, h)``.
+        q, k, v: ``(batch, heads, seqlen, head_dim)`` tensors (any float dtype, CUDA or CPU); k and v may
+            have fewer heads than q (grouped-query attention: query head ``h`` reads K/V head
+            ``h // (heads_q // heads_kv)``).
+        pairs: list of ``(b, h)`` with ``h`` a query head.
         scale: softmax scale; default ``head_dim ** -0.5``.
         chunk_rows: query rows per chunk (bounds the ``chunk_rows x seqlen_k`` float32 score matrix).
+        causal: torch SDPA's ``is_causal=True`` mask: query row ``i`` sees keys ``0..i``.
 
     Returns:
         a list of ``(seqlen_q, head_dim)`` float32 tensors, one per pair. TF32 is disabled while computing.
@@ -143,17 +171,23 @@ def reference_slices(q, k, v, pairs, scale: float | None = None, chunk_rows: int
     import torch
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"K/V heads ({k.shape[1]}) must divide query heads ({q.shape[1]})")
+    group = q.shape[1] // k.shape[1]
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         outs = []
         for b, h in pairs:
-            kk = k[b, h].float()
-            vv = v[b, h].float()
+            kk = k[b, h // group].float()
+            vv = v[b, h // group].float()
             qq = q[b, h].float()
             parts = []
             for r0 in range(0, qq.shape[0], chunk_rows):
                 s = (qq[r0 : r0 + chunk_rows] @ kk.T) * scale
+                if causal:
+                    rows = torch.arange(r0, r0 + s.shape[0], device=s.device)[:, None]
+                    s = s.masked_fill(torch.arange(s.shape[1], device=s.device)[None, :] > rows, float("-inf"))
                 parts.append(torch.softmax(s, dim=-1) @ vv)
             outs.append(torch.cat(parts))
         return outs
