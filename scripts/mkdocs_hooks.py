@@ -93,7 +93,7 @@ def on_config(config):
     rungs = []
     for page in rung_pages:
         first = page.read_text(encoding="utf-8").splitlines()[0]
-        rungs.append({first.lstrip("# ").strip(): f"rungs/{page.name}"})
+        rungs.append({first.lstrip("# ").strip().replace("`", ""): f"rungs/{page.name}"})
     config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}]
     return config
 

@@ -66,7 +66,8 @@ def page_block(rung: int, figures=None, rel: str = "../figures") -> str:
     lines = []
     mine = [f for f in figures or registry() if f.rung == rung]
     for i, f in enumerate(mine, 1):
-        lines += [f"![{f.caption}]({rel}/{f.filename})", "", f"*Figure {rung}.{i}: {f.caption}*", ""]
+        src = f"{rel}/{f.filename}"  # the picture links to itself: a click opens it at full size
+        lines += [f"[![{f.caption}]({src})]({src})", "", f"*Figure {rung}.{i}: {f.caption}*", ""]
     lines.append(
         "<sub>Drawn by `python -m attnclimb figures` from `rungs.py` and the kernel sources; do not edit by hand.</sub>"
     )
