@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnclimb build | diff | bench | report``."""
+"""Command line: ``python -m attnclimb build | diff | bench | report | figures``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ EPILOG = """examples:
   python -m attnclimb build --strict     compile every rung for sm_90a, fail on any spill
   python -m attnclimb diff 7             what rung 8 adds to rung 7 (its .cu diff and its rungs.py entry)
   python -m attnclimb bench --quick      time the rungs and the peers (needs a Hopper GPU)
-  python -m attnclimb report             README table, rung pages and chart from the latest results"""
+  python -m attnclimb report             README table, rung pages and chart from the latest results
+  python -m attnclimb figures            redraw the rung pages' diagrams (docs/figures, no GPU needed)"""
 
 
 def _cmd_build(args) -> int:
@@ -72,6 +73,12 @@ def _cmd_report(args) -> int:
     from .bench import report
 
     return report.main(args)
+
+
+def _cmd_figures(args) -> int:
+    from . import figures
+
+    return figures.main(args)
 
 
 def _display_path(path: Path) -> str:
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures}")
     b = sub.add_parser(
         "build",
         help="compile every rung (no GPU needed) and print their resources",
@@ -238,6 +245,15 @@ def main(argv=None) -> int:
             "report", help="README results table + chart from a results JSON", description=_report.DESCRIPTION
         )
     )
+    from . import figures as _figures
+
+    _figures.add_arguments(
+        sub.add_parser(
+            "figures",
+            help="draw the rung pages' diagrams into docs/figures (SVG, no GPU needed)",
+            description=_figures.DESCRIPTION,
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 
@@ -250,7 +266,13 @@ def main(argv=None) -> int:
     for n in asked:
         if n is not None and n not in rungs.BY_NUMBER:
             p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{top} ({top} is the top rung)")
-    handler = {"build": _cmd_build, "bench": _cmd_bench, "report": _cmd_report, "diff": _cmd_diff}[args.cmd]
+    handler = {
+        "build": _cmd_build,
+        "bench": _cmd_bench,
+        "report": _cmd_report,
+        "diff": _cmd_diff,
+        "figures": _cmd_figures,
+    }[args.cmd]
     try:
         rc = handler(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not in the interpreter's exit
