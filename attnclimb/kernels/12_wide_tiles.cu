@@ -1,22 +1,15 @@
-// Rung 11 — a persistent grid: one CTA per SM walks over many (m-block, head) tiles.
+// Rung 12 — K/V tiles of 176 keys (BLOCK_N 176, set in rungs.py): fewer, longer wgmma rounds per softmax.
 //
-// The idea (over rung 10): rung 10 launches one CTA per 128-row tile of Q, and every CTA pays its own
-// start (barrier init, Q load, the first K tile's latency with empty tensor cores) and end (the last
-// P·V and the epilogue with nothing to overlap them). With few K/V tiles per CTA (seqlen_k 1k: 8 tiles;
-// the Wan text cross-attention, 512 keys: 4) that is a large share of the CTA's time. Here the host
-// launches min(#tiles, #SMs) CTAs and each walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...: the
-// producer keeps the K/V ring running straight into the next tile, and loads the next tile's Q as soon
-// as both consumer warpgroups have finished their last S = Q·Kᵀ of the current one (a new mbarrier,
-// q_empty), so that Q, the first K/V tiles and the consumers' last P·V and epilogue overlap.
-// The ring's slots and phases and the ping-pong turns simply continue across tiles; consecutive CTAs
-// still take consecutive m-blocks of one head, which keeps that head's K/V in L2.
-// Sources: FlashAttention-3 (Shah et al., 2024) Sec. 3.1 (persistent kernel whose epilogue of one tile
-// overlaps the loads of the next); CUDA C++ Programming Guide, "persistent threads" style grid-stride loop.
+// The idea (over rung 11): each K/V tile costs a consumer warpgroup a fixed overhead besides its GEMMs
+// and exponentials (barrier waits, its ping-pong turn, the row max and exact rescale bookkeeping, the O
+// rescale, wgmma fences and waits). With ping-pong hiding the softmax, that overhead is what is left
+// exposed, so a wider tile pays: 176 keys = 11 k16 steps, S in 88 fp32 registers and P in 44, still
+// within the consumers' 240. Every size below derives from BLOCK_N, so this file is rung 11's apart from
+// this comment; the change is the rung's entry in attnclimb/rungs.py (BLOCK_N, KV_BOX_ROWS 176).
+// Sources: FlashAttention-3 (Shah et al., 2024) — its tile choice for non-causal head_dim 128 (128 x 176);
+// rung 8's page has the earlier BLOCK_N sweep, made before the softmax overlapped anything.
 //
-//   producer:      Q0 K0 V0 K1 V1 ... K7 V7 │ Q1 (after q_empty) K0' V0' K1' ...
-//   consumers:     ·· tile 0 ···························S7 ─► last P·V, epilogue │ tile 1 (Q1, K0' ready)
-//
-// Everything else (ping-pong turns, intra-warpgroup overlap, K/V ring) is rung 10's.
+// Everything else (persistent grid, ping-pong, intra-warpgroup overlap, K/V ring) is rung 11's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
