@@ -173,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     float row_err[2];  // e = max·c − R of each row (softmax.cuh)
     float row_sum[2];  // this thread's partial sums; summed over the quad at the end
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
-    float s[S_TILES][4];            // S, then P, of the current tile (overwritten by each tile's first wgmma)
+    float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
