@@ -1,8 +1,8 @@
 """A/B on the GPU: the rungs of this checkout against other versions of the same rungs, in one process.
 
 ``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...]
-[--rungs 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
-and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
+[--rungs 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g.
+from ``git archive``) and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``) and ``-D`` macros (``NUM_STAGES``) override the rung's own.
