@@ -2,6 +2,7 @@
 them, numbers read from rungs.py and the kernels, and the Gantt chart of a (synthetic) trace."""
 
 import dataclasses
+import itertools
 import json
 import re
 
@@ -11,7 +12,7 @@ pytest.importorskip("matplotlib")
 
 from attnclimb import figures, rungs
 from attnclimb.__main__ import main
-from attnclimb.figures import facts, timeline
+from attnclimb.figures import facts, late, timeline
 
 
 def test_committed_figures_and_pages_are_up_to_date():
@@ -69,6 +70,60 @@ def test_kernel_constants():
     d = facts.descriptor_fields()
     assert (d["lbo_shift"], d["sbo_shift"], d["swizzle_shift"]) == (16, 32, 62)
     assert d["kmajor_sbo"] == d["mnmajor_sbo"] == 1024
+
+
+def test_rung12_figures_follow_rungs_py(tmp_path, monkeypatch):
+    """The tile counts and the budgets of rung 12's figures follow its BLOCK_N in rungs.py."""
+    figs = [f for f in figures.registry() if f.rung == 12]
+    wider = dataclasses.replace(rungs.get(12), block_n=160, kv_box_rows=160)
+    monkeypatch.setitem(rungs.BY_NUMBER, 12, wider)
+    texts = []
+    for path in figures.generate(tmp_path, figs):
+        texts += figures.svg_structure(path.read_bytes())["texts"]
+    assert "tiles of 160" in texts
+    assert any("8 × m64n160k16" in t for t in texts)  # the S wgmma of a tile, N = BLOCK_N
+    assert f"{wider.smem_bytes:,} B".replace(",", " ") in texts
+    assert any(t.startswith("S: 80") for t in texts)  # S_TILES · 4 = 160 / 8 · 4 fp32 per thread
+
+
+def test_late_rung_facts():
+    tb = facts.turn_barriers(10)
+    assert (tb["my_turn"], tb["other_turn"], tb["threads"]) == ((1, 2), (2, 1), 256)
+    assert (tb["pre_arrive_wg"], tb["pre_arrive_bar"], tb["last_arrive_wg"], tb["turn_sites"]) == (1, 1, 0, 3)
+    assert not tb["skips_only_at_the_end"] and facts.turn_barriers(11)["skips_only_at_the_end"]
+    assert facts.mbarrier_counts(11)["bar_q_empty"] == facts.need(11, "CONSUMER_WARPS")
+    assert "bar_q_empty" not in facts.mbarrier_counts(10)
+    assert sum(facts.static_mbarriers(12).values()) == 2 + 4 * rungs.get(12).stages
+    assert facts.ctas_per_sm(11) == 1
+    narrow = facts.constants(12, block_n=128, kv_box_rows=128)
+    assert narrow["S_TILES"] == facts.need(11, "S_TILES") and narrow["SMEM_BYTES"] == rungs.get(11).smem_bytes
+    assert facts.need(12, "S_TILES", "KV_STEPS", "O_TILES") == (22, 11, 16)
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 4])
+def test_pingpong_model_takes_turns(n_tiles):
+    """The toy model runs the kernel's order of operations to the end: every bar.sync is matched by one
+    arrival, and the two warpgroups' wgmma groups alternate on the tensor cores."""
+    model = late.simulate([late.consumer_program(10, w, n_tiles, loads=False) for w in (0, 1)])
+    ops = [(op, bar) for _, op, bar, _ in model["events"]]
+    for bar in (1, 2):
+        assert ops.count(("sync", bar)) == ops.count(("arrive", bar)) == n_tiles + 1
+    owners = [w for _, w, _ in sorted((t0, int(k[-1]), s) for k in ("tc0", "tc1") for s, t0, _ in model["lanes"][k])]
+    turns = [w for w, _ in itertools.groupby(owners)]
+    assert turns == [0, 1] * (n_tiles + 1)
+
+
+def test_persistent_model_loads_the_next_work_tile_early():
+    n = 4
+    one = late.simulate([late.consumer_program(10, w, n) for w in (0, 1)], late.producer_program(10, n))
+    two = late.simulate([late.consumer_program(11, w, n, 2) for w in (0, 1)], late.producer_program(11, n, 2))
+    issued, _, _ = two["loads"]["Q1"]
+    assert issued == two["loads"]["Q0"][2]  # the next Q waits for q_empty
+    epilogue = [t0 for s, t0, _ in two["lanes"]["wg1"] if s == ("alu", "epilogue")]
+    assert issued < epilogue[0]  # ... and loads under the last P·V and the epilogue
+    assert two["end"] < 2 * one["end"]
+    with pytest.raises(ValueError, match="one work tile per CTA"):
+        late.consumer_program(10, 0, n, 2)
 
 
 def test_svg_structure_ignores_coordinates_not_labels():

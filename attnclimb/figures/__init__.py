@@ -36,9 +36,9 @@ class Figure:
 
 def registry() -> list:
     """Every figure, in page order."""
-    from . import early, hopper
+    from . import early, hopper, late
 
-    return [Figure(*entry) for entry in (*early.FIGURES, *hopper.FIGURES)]
+    return [Figure(*entry) for entry in (*early.FIGURES, *hopper.FIGURES, *late.FIGURES)]
 
 
 def default_dir() -> Path:

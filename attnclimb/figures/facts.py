@@ -8,11 +8,22 @@ with the committed files fails until they are committed again.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import operator
 import re
 from functools import cache
 
 from .. import rungs
+
+# The GPU the ladder is measured on, an H200 (the H100 SXM has the same): its number of SMs, and the most
+# dynamic shared memory one CTA may opt in to on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 KB).
+# The launch reads the SM count from the device (runtime/launch.py, persistent_grid); a figure drawn on
+# a machine without a GPU cannot, so both are named here.
+H200_SMS = 132
+SMEM_PER_CTA_MAX = 227 * 1024
+SMEM_PER_SM = 228 * 1024  # of which the system reserves 1 KB per resident CTA
+SMEM_RESERVED_PER_CTA = 1024
+REGISTER_FILE = 65536  # 32-bit registers per SM
 
 _CONSTEXPR = re.compile(r"^constexpr\s+(?:int|uint32_t|unsigned)\s+(\w+)\s*=\s*([^;]+);", re.MULTILINE)
 _OPS = {
@@ -61,10 +72,15 @@ def header_constants(header: str) -> dict:
     return _read_constants((rungs.KERNEL_DIR / header).read_text(), {"HEAD_DIM": rungs.HEAD_DIM})
 
 
-def constants(number: int) -> dict:
+def constants(number: int, **changes) -> dict:
     """Rung ``number``'s compile-time constants: its ``-D`` macros (from ``rungs.py``), the file-scope
-    ``constexpr`` integers of the headers it includes, then those of its ``.cu`` file."""
+    ``constexpr`` integers of the headers it includes, then those of its ``.cu`` file.
+
+    ``changes`` are fields of its :class:`~attnclimb.rungs.Rung` to replace first (``block_n=192,
+    kv_box_rows=192``): the constants the same source would have in that variant (``SMEM_BYTES`` follows)."""
     rung = rungs.get(number)
+    if changes:
+        rung = dataclasses.replace(rung, **changes)
     text = rung.source.read_text()
     names = dict(rung.defines())
     for header in re.findall(r'#include\s+"(\w+\.cuh)"', text):
@@ -72,17 +88,18 @@ def constants(number: int) -> dict:
     return {**names, **_read_constants(text, names)}
 
 
-def need(number: int, *keys: str):
-    """The values of ``keys`` among rung ``number``'s constants; a clear error when one is missing (a
-    kernel renamed it: the figure that reads it must follow)."""
-    c = constants(number)
+def need(number: int, *keys: str, **changes):
+    """The values of ``keys`` among rung ``number``'s constants (of the variant ``changes``, see
+    :func:`constants`); a clear error when one is missing (a kernel renamed it: the figure that reads it
+    must follow)."""
+    c = constants(number, **changes)
     missing = [k for k in keys if k not in c]
     if missing:
         raise KeyError(f"rung {number}: no constexpr {', '.join(missing)} in {rungs.get(number).source.name}")
     return c[keys[0]] if len(keys) == 1 else tuple(c[k] for k in keys)
 
 
-def registers_at_launch(threads: int, register_file: int = 65536) -> int:
+def registers_at_launch(threads: int, register_file: int = REGISTER_FILE) -> int:
     """Registers per thread that ``__launch_bounds__(threads, 1)`` leaves (allocation in units of 8)."""
     return register_file // threads // 8 * 8
 
@@ -112,3 +129,68 @@ def descriptor_fields() -> dict:
         "kmajor_sbo": int(kmajor.group(2)),
         "mnmajor_sbo": int(mnmajor.group(1)),
     }
+
+
+def static_mbarriers(number: int) -> dict:
+    """The mbarriers rung ``number`` declares in static shared memory (``__shared__ __align__(8) uint64_t
+    name[N]``): name -> how many (N evaluated with the rung's constants)."""
+    text = rungs.get(number).source.read_text()
+    names = constants(number)
+    out = {}
+    for name, count in re.findall(r"__shared__\s+__align__\(8\)\s+uint64_t\s+(\w+)(?:\[(\w+)\])?;", text):
+        value = _eval(count, names) if count else 1
+        if value is None:
+            raise ValueError(f"rung {number}: cannot size the mbarrier array {name}[{count}]")
+        out[name] = value
+    return out
+
+
+def turn_barriers(number: int) -> dict:
+    """The ping-pong protocol of rungs 10+ as written in the kernel: the named-barrier ids of consumer
+    warpgroups 0 and 1 (``my_turn = 1 + wg``), the thread count of each (``TURN_THREADS``), which warpgroup
+    arrives once before the first turn and on which barrier, which warpgroup always arrives after its
+    last turn (the other skips its last arrival), and how many places issue wgmmas behind a turn."""
+    text = rungs.get(number).source.read_text()
+    ids = re.search(r"my_turn\s*=\s*(\d+)\s*\+\s*wg,\s*other_turn\s*=\s*(\d+)\s*-\s*wg;", text)
+    threads = re.search(r"constexpr\s+uint32_t\s+TURN_THREADS\s*=\s*([^;]+);", text)
+    pre = re.search(r"if \(wg == (\d)\) hop::named_bar_arrive\((\d), TURN_THREADS\);", text)
+    last = re.search(r"if \(wg == (\d)(?: \|\|[^)]*)?\) hop::named_bar_arrive\(other_turn, TURN_THREADS\);", text)
+    if not (ids and threads and pre and last):
+        raise ValueError(f"{rungs.get(number).source.name}: the ping-pong turns changed form (figures/facts.py)")
+    base, top = int(ids.group(1)), int(ids.group(2))
+    return {
+        "my_turn": (base, base + 1),  # the barrier each warpgroup waits on (bar.sync) ...
+        "other_turn": (top, top - 1),  # ... and the one it arrives on (bar.arrive)
+        "threads": _eval(threads.group(1), {}),
+        "pre_arrive_wg": int(pre.group(1)),
+        "pre_arrive_bar": int(pre.group(2)),
+        "last_arrive_wg": int(last.group(1)),
+        # rung 11+: the other warpgroup skips only the last arrival of the kernel, not of each work tile
+        "skips_only_at_the_end": "num_tiles" in last.group(0),
+        "turn_sites": len(re.findall(r"named_bar_sync\(my_turn, TURN_THREADS\)", text)),
+    }
+
+
+def mbarrier_counts(number: int) -> dict:
+    """The arrival count each mbarrier of rung ``number`` is initialised with (``mbar_init(&bar, N)``):
+    name -> count, evaluated with the rung's constants."""
+    text = rungs.get(number).source.read_text()
+    names = constants(number)
+    out = {}
+    for name, count in re.findall(r"mbar_init\(&(\w+)(?:\[\w+\])?,\s*(\w+)\);", text):
+        value = _eval(count, names)
+        if value is None:
+            raise ValueError(f"rung {number}: cannot read the count of mbarrier {name}")
+        out[name] = value
+    return out
+
+
+def ctas_per_sm(number: int) -> int:
+    """How many CTAs of rung ``number`` (one of the warp-specialized rungs, 7+) fit on one SM at once: by
+    registers (``__launch_bounds__(threads, 1)`` gives each thread :func:`registers_at_launch`, the cap
+    that setmaxnreg redistributes) and by shared memory (dynamic + static mbarriers + the 1 KB the system
+    reserves per CTA)."""
+    r = rungs.get(number)
+    by_regs = REGISTER_FILE // (r.threads * registers_at_launch(r.threads))
+    smem = r.smem_bytes + 8 * sum(static_mbarriers(number).values()) + SMEM_RESERVED_PER_CTA
+    return min(by_regs, SMEM_PER_SM // smem)

@@ -1,0 +1,1061 @@
+"""Figures of rungs 10-12: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+wide K/V tiles."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from .. import rungs
+from ..bench import shapes
+from . import facts
+from .style import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PHASE_COLOURS,
+    PURPLE,
+    ROLE,
+    SKY,
+    VERMILLION,
+    YELLOW,
+    arrow,
+    box,
+    label,
+    new_figure,
+    rect,
+    save,
+    tint,
+    title,
+)
+
+PACK = tint(PURPLE, 0.5)  # "O *= α, pack P": the colour rung 9's schedule gives it
+WG_EDGE = (BLUE, VERMILLION)  # consumer warpgroup 0 and 1 in the lanes of rung 10's figures
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+def _kb(n: int) -> str:
+    return f"{n // 1024} KB" if n % 1024 == 0 else f"{n / 1024:.1f} KB"
+
+
+def _tiles(keys: int, block_n: int) -> int:
+    return -(-keys // block_n)
+
+
+# ------------------------------------------------------------------------- a toy model of rungs 10-12
+
+# Schematic lengths, in time units: not measured (a trace would measure them).
+S_LEN, PV_LEN, SOFTMAX_LEN, PACK_LEN, EPILOGUE_LEN = 2, 2, 4, 1, 2
+ISSUE_LEN = Fraction(1, 4)  # issuing one wgmma group
+LOAD_LEN = 3  # a TMA load, from its issue until its bytes have landed
+START_LEN = 1  # a CTA's start: barrier init, descriptor prefetch, setmaxnreg
+TICKS = 4  # simulation steps per time unit
+
+
+def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *, loads: bool = True) -> list:
+    """What consumer warpgroup ``wg`` of rung ``number`` does, in the kernel's order, over ``work_tiles``
+    work tiles of ``n_tiles`` K/V tiles each: a list of (op, argument). K/V loads are numbered over the
+    whole CTA (``K0``, ``V0``, ``K1``, ...), as the kernel's ring counter ``kv``; ``loads=False`` leaves
+    out the waits for them and the releases (every tile is assumed to be in shared memory)."""
+    tb = facts.turn_barriers(number)
+    if work_tiles > 1 and not rungs.get(number).persistent:
+        raise ValueError(f"rung {number} runs one work tile per CTA")
+    q_empty = "bar_q_empty" in facts.mbarrier_counts(number)
+    my, other = tb["my_turn"][wg], tb["other_turn"][wg]
+    prog = [("arrive", tb["pre_arrive_bar"])] if wg == tb["pre_arrive_wg"] else []
+
+    def need(*ops):
+        if loads:
+            prog.extend(ops)
+
+    kv = 0
+    for it in range(work_tiles):
+        tag = "'" * it  # the second work tile's tiles are K0', V0', ...
+        need(("wait_load", f"Q{it}"))
+        need(("wait_load", f"K{kv}"))  # tile 0 is peeled: S only, then wait_group 0
+        prog += [("sync", my), ("issue", f"S0{tag}"), ("arrive", other), ("wait", 0)]
+        need(("release", f"K{kv}"))
+        prog += [("softmax", f"softmax 0{tag}"), ("alu", f"pack P0{tag}")]
+        for j in range(1, n_tiles):
+            kv += 1
+            need(("wait_load", f"K{kv}"))
+            prog += [("sync", my), ("issue", f"S{j}{tag}")]
+            need(("wait_load", f"V{kv - 1}"))
+            prog += [("issue", f"P{j - 1}·V{j - 1}{tag}"), ("arrive", other), ("wait", 1)]
+            need(("release", f"K{kv}"))
+            prog += [("softmax", f"softmax {j}{tag}"), ("wait", 0)]
+            need(("release", f"V{kv - 1}"))
+            prog.append(("alu", f"O·α, P{j}{tag}"))
+        if q_empty:
+            need(("release", f"Q{it}"))  # every S of this work tile is complete
+        need(("wait_load", f"V{kv}"))
+        prog += [("sync", my), ("issue", f"P{n_tiles - 1}·V{n_tiles - 1}{tag}")]
+        if wg == tb["last_arrive_wg"] or (it < work_tiles - 1 and tb["skips_only_at_the_end"]):
+            prog.append(("arrive", other))
+        prog.append(("wait", 0))
+        need(("release", f"V{kv}"))
+        prog.append(("alu", "epilogue"))
+        kv += 1
+    return prog
+
+
+def producer_program(number: int, n_tiles: int, work_tiles: int = 1) -> list:
+    """The TMA thread of rung ``number``: Q of each work tile (after ``q_empty``, where the kernel has it),
+    then K and V of every tile, each into the slot of load ``kv - NUM_STAGES`` once that was released."""
+    stages = rungs.get(number).stages
+    q_empty = "bar_q_empty" in facts.mbarrier_counts(number)
+    prog, kv = [], 0
+    for it in range(work_tiles):
+        if it and q_empty:
+            prog.append(("wait_free", f"Q{it - 1}"))
+        prog.append(("load", f"Q{it}"))
+        for _ in range(n_tiles):
+            for m in "KV":
+                if kv >= stages:
+                    prog.append(("wait_free", f"{m}{kv - stages}"))
+                prog.append(("load", f"{m}{kv}"))
+            kv += 1
+    return prog
+
+
+def simulate(consumers: list, producer: list | None = None) -> dict:
+    """A toy model of one CTA of rungs 10-12 on one SM: the consumer warpgroups run ``consumers`` (see
+    :func:`consumer_program`), the TMA thread ``producer``. The tensor cores run the wgmma groups one after
+    the other in issue order, two softmaxes at the same time share the MUFU units (each at half speed),
+    the k-th ``bar.sync`` on a named barrier passes once it has k arrivals, a load lands ``LOAD_LEN`` after
+    its issue and its slot is free once every consumer warpgroup released it. Time advances in steps of
+    1/``TICKS`` unit. Returns the lanes as run-length spans ``(state, t0, t1)``, the named-barrier events
+    ``(wg, op, barrier, t)``, the loads ``name -> (issued, landed, released)`` and the end."""
+    n = len(consumers)
+    progs = [*consumers, producer or []]
+    pc = [0] * (n + 1)
+    arrivals, syncs, released = {}, {}, {}
+    loads = {}  # name -> [issue step, landed step, released step]
+    queue = []  # the wgmma groups issued and not complete: [owner, name, steps left]
+    outstanding = [0] * n
+    work = [None] * n  # the phase a warpgroup is in: [kind, label, steps left]
+    events, history = [], {}
+    for w in range(n):
+        history[f"wg{w}"], history[f"tc{w}"], history[f"mufu{w}"] = [], [], []
+    lengths = {"S": S_LEN, "P": PV_LEN}
+    t = 0
+    while any(pc[a] < len(progs[a]) for a in range(n + 1)) or any(work) or queue:
+        progress = True
+        while progress:  # the zero-time ops: barriers, issues, loads, waits that are already satisfied
+            progress = False
+            for a in range(n + 1):
+                if pc[a] >= len(progs[a]) or (a < n and work[a]):
+                    continue
+                op, arg = progs[a][pc[a]]
+                if op == "arrive":
+                    arrivals[arg] = arrivals.get(arg, 0) + 1
+                    events.append((a, "arrive", arg, t))
+                elif op == "sync":
+                    if arrivals.get(arg, 0) < syncs.get(arg, 0) + 1:
+                        continue
+                    syncs[arg] = syncs.get(arg, 0) + 1
+                    events.append((a, "sync", arg, t))
+                elif op == "issue":
+                    queue.append([a, arg, lengths[arg[0]] * TICKS])
+                    outstanding[a] += 1
+                    work[a] = ["issue", "", ISSUE_LEN * TICKS]  # the wgmmas start while the rest are issued
+                elif op == "wait":
+                    if outstanding[a] > arg:
+                        continue
+                elif op == "wait_load":
+                    if arg not in loads or loads[arg][1] > t:
+                        continue
+                elif op == "release":
+                    released[arg] = released.get(arg, 0) + 1
+                    if released[arg] == n:
+                        loads[arg][2] = t
+                    events.append((a, "release", arg, t))
+                elif op == "wait_free":
+                    if released.get(arg, 0) < n:
+                        continue
+                elif op == "load":
+                    loads[arg] = [t, t + LOAD_LEN * TICKS, None]
+                elif op == "softmax":
+                    work[a] = ["softmax", arg, Fraction(SOFTMAX_LEN * TICKS)]
+                elif op == "alu":
+                    work[a] = ["alu", arg, Fraction((EPILOGUE_LEN if arg == "epilogue" else PACK_LEN) * TICKS)]
+                pc[a] += 1
+                progress = True
+        for w in range(n):  # this step's state of every lane
+            if work[w]:
+                state = (work[w][0], work[w][1])
+            elif pc[w] < len(progs[w]):
+                state = ("turn", "") if progs[w][pc[w]][0] == "sync" else ("wait", "")
+            else:
+                state = None
+            history[f"wg{w}"].append(state)
+            history[f"tc{w}"].append(("tc", queue[0][1]) if queue and queue[0][0] == w else None)
+        if queue:  # the tensor cores: the oldest wgmma group first
+            queue[0][2] -= 1
+            if queue[0][2] <= 0:
+                outstanding[queue.pop(0)[0]] -= 1
+        on_mufu = [w for w in range(n) if work[w] and work[w][0] == "softmax"]
+        for w in range(n):
+            history[f"mufu{w}"].append(("mufu", work[w][1]) if w in on_mufu else None)
+            if work[w]:
+                work[w][2] -= Fraction(1, len(on_mufu)) if w in on_mufu else 1
+                if work[w][2] <= 0:
+                    work[w] = None
+        t += 1
+    lanes = {}
+    for key, states in history.items():
+        spans, start = [], 0
+        for i in range(1, len(states) + 1):
+            if i == len(states) or states[i] != states[start]:
+                if states[start] is not None:
+                    spans.append((states[start], Fraction(start, TICKS), Fraction(i, TICKS)))
+                start = i
+        lanes[key] = spans
+    return {
+        "lanes": lanes,
+        "events": [(w, op, b, Fraction(tt, TICKS)) for w, op, b, tt in events],
+        "loads": {k: tuple(None if v is None else Fraction(v, TICKS) for v in steps) for k, steps in loads.items()},
+        "end": Fraction(t, TICKS),
+    }
+
+
+def _span_colour(state) -> tuple:
+    kind, text = state
+    if kind == "softmax" or kind == "mufu":
+        return PHASE_COLOURS["softmax"], text
+    if kind == "alu":
+        return (PHASE_COLOURS["epilogue"], text) if text == "epilogue" else (PACK, text)
+    if kind == "tc":
+        return (PHASE_COLOURS["S"] if text.startswith("S") else PHASE_COLOURS["PV"]), text
+    if kind == "turn":
+        return tint(VERMILLION, 0.6), ""
+    if kind == "issue":
+        return BLUE, ""
+    return PHASE_COLOURS["wait"], ""
+
+
+def _draw_spans(ax, spans, x0, y, unit, height, *, font=6.4, offset=0, lw=0.5):
+    """Boxes along a time line; a box's text only where it fits."""
+    for state, t0, t1 in spans:
+        colour, text = _span_colour(state)
+        w = float(t1 - t0) * unit
+        box(
+            ax,
+            x0 + float(t0 + offset) * unit,
+            y,
+            w - 0.015,
+            height,
+            text if w >= 0.0085 * font * len(text) else "",
+            fc=colour,
+            fontsize=font,
+            rounded=False,
+            ec="#555555",
+            lw=lw,
+        )
+
+
+def rung10_schedule(path):
+    r = rungs.get(10)
+    tb = facts.turn_barriers(10)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
+    model = simulate([consumer_program(10, w, n_tiles, loads=False) for w in (0, 1)])
+    fig, ax = new_figure(9.6, 4.5)
+    title(
+        ax,
+        0.1,
+        4.45,
+        f"Rung 10: the two consumer warpgroups take turns on the tensor cores "
+        f"({n_tiles} K/V tiles of {r.block_n} keys; schematic, not measured)",
+    )
+    x0, x1 = 1.75, 9.45
+    unit = (x1 - x0) / float(model["end"])
+    h = 0.3
+    rows = {"wg0": 3.45, "wg1": 2.95, "tc0": 2.2, "tc1": 1.85, "mufu0": 1.1, "mufu1": 0.75}
+    names = {
+        "wg0": "consumer WG 0",
+        "wg1": "consumer WG 1",
+        "tc0": "WG 0's wgmmas",
+        "tc1": "WG 1's wgmmas",
+        "mufu0": "WG 0's exp2",
+        "mufu1": "WG 1's exp2",
+    }
+    for key, y in rows.items():
+        _draw_spans(ax, model["lanes"][key], x0, y, unit, h)
+        colour = WG_EDGE[int(key[-1])]
+        label(ax, x0 - 0.08, y + h / 2, names[key], size=7.2, ha="right", color=colour)
+    label(ax, 0.1, 2.2 + h + 0.12, "tensor cores", size=7.6, weight="bold", ha="left")
+    label(ax, 0.1, 1.1 + h + 0.12, "MUFU", size=7.6, weight="bold", ha="left")
+    # the named-barrier operations of the two warpgroups
+    for w, op, _, t in model["events"]:
+        x = x0 + float(t) * unit
+        y = rows[f"wg{w}"]
+        if op == "sync":
+            ax.plot([x], [y + h + 0.06], marker="v", ms=4.2, color=VERMILLION, zorder=6, clip_on=False)
+        else:
+            ax.plot([x], [y - 0.06], marker="^", ms=4.2, color=BLUE, zorder=6, clip_on=False)
+    pre = next(e for e in model["events"] if e[0] == tb["pre_arrive_wg"] and e[1] == "arrive")
+    label(
+        ax,
+        x0 + float(pre[3]) * unit + 0.05,
+        rows["wg1"] - 0.2,
+        f"WG {tb['pre_arrive_wg']} arrives on barrier {tb['pre_arrive_bar']} first: WG 0 goes first",
+        size=6.6,
+        ha="left",
+        color=BLUE,
+    )
+    last = max(t for w, op, bar, t in model["events"] if w != tb["last_arrive_wg"] and op == "sync")
+    label(
+        ax,
+        x0 + float(last) * unit - 0.05,
+        rows["wg1"] - 0.2,
+        "last turn: no arrival",
+        size=6.6,
+        ha="right",
+        color=VERMILLION,
+    )
+    # legend
+    lx, ly = 0.1, 0.36
+    ax.plot([lx + 0.05], [ly], marker="v", ms=4.2, color=VERMILLION)
+    label(
+        ax,
+        lx + 0.15,
+        ly,
+        f"bar.sync on its own barrier (WG 0: {tb['my_turn'][0]}, WG 1: {tb['my_turn'][1]}; "
+        f"{tb['threads']} threads each)",
+        size=6.8,
+        ha="left",
+    )
+    ax.plot([lx + 3.7], [ly], marker="^", ms=4.2, color=BLUE)
+    label(ax, lx + 3.8, ly, "bar.arrive on the other's", size=6.8, ha="left")
+    for xi, text, colour in (
+        (5.1, "issues its wgmmas", BLUE),
+        (6.2, "waits for its turn", tint(VERMILLION, 0.6)),
+        (7.3, "waits for wgmmas", PHASE_COLOURS["wait"]),
+        (8.35, "O *= α, pack P", PACK),
+    ):
+        rect(ax, xi, ly - 0.07, 0.16, 0.14, fc=colour, ec="#555555", lw=0.5)
+        label(ax, xi + 0.21, ly, text, size=6.4, ha="left")
+    label(
+        ax,
+        0.1,
+        0.1,
+        f"Illustrative lengths (units): S, P·V {S_LEN}; softmax {SOFTMAX_LEN}; rescale + pack {PACK_LEN}; issue "
+        f"{float(ISSUE_LEN)} per wgmma group; epilogue {EPILOGUE_LEN}. wgmma groups run in issue order; two "
+        "softmaxes at once share the MUFU (each at half speed).",
+        size=6.5,
+        ha="left",
+        color="#444444",
+    )
+    save(fig, path)
+
+
+def _turn_text(k: int, n_tiles: int) -> str:
+    if k == 0:
+        return "S0"
+    if k == n_tiles:
+        return f"P{k - 1}·V{k - 1}"
+    return f"S{k},\nP{k - 1}·V{k - 1}"
+
+
+def rung10_barriers(path):
+    from matplotlib.patches import Circle
+
+    r = rungs.get(10)
+    tb = facts.turn_barriers(10)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
+    turns = n_tiles + 1
+    wg_threads = tb["threads"] // 2
+    fig, ax = new_figure(9.6, 4.6)
+    title(
+        ax,
+        0.1,
+        4.55,
+        f"Rung 10: who waits and who arrives on named barriers {tb['my_turn'][0]} and {tb['my_turn'][1]} "
+        f"(a work tile of {n_tiles} K/V tiles: {shapes.WAN_TEXT_TOKENS} keys)",
+    )
+    cols = 2 * turns + 1
+    xl, xr = 1.75, 9.45
+    cw = (xr - xl) / cols
+
+    def cx(c):
+        return xl + (c + 0.5) * cw
+
+    y_wg = {0: 3.35, 1: 0.75}
+    y_bar = {tb["my_turn"][0]: 2.6, tb["my_turn"][1]: 1.65}
+    bh = 0.5
+    for w, y in y_wg.items():
+        label(ax, xl - 0.1, y + bh / 2, f"consumer WG {w}", size=7.6, ha="right", color=WG_EDGE[w], weight="bold")
+        label(ax, xl - 0.1, y + bh / 2 - 0.17, f"waits on {tb['my_turn'][w]}", size=6.6, ha="right", color="#444444")
+    for b, y in y_bar.items():
+        ax.plot([xl, xr], [y, y], color="#777777", lw=0.8, zorder=1)
+        label(ax, xl - 0.1, y, f"named barrier {b}", size=7.6, ha="right", family="monospace")
+    # the pre-arrival
+    pw, pb = tb["pre_arrive_wg"], tb["pre_arrive_bar"]
+    box(
+        ax,
+        cx(0) - cw * 0.45,
+        y_wg[pw],
+        cw * 0.9,
+        bh,
+        "before\ntile 0",
+        fc="white",
+        ec=WG_EDGE[pw],
+        fontsize=6.4,
+    )
+    arrivals = {b: [] for b in y_bar}  # the column of each arrival, in order
+    arrivals[pb].append(0)
+    syncs = {b: [] for b in y_bar}
+    for k in range(turns):
+        for w in (0, 1):
+            c = 2 * k + 1 + w
+            x = cx(c)
+            box(
+                ax,
+                x - cw * 0.45,
+                y_wg[w],
+                cw * 0.9,
+                bh,
+                _turn_text(k, n_tiles),
+                fc=tint(SKY if k < n_tiles else GREEN, 0.45),
+                ec=WG_EDGE[w],
+                fontsize=6.2,
+            )
+            skipped = k == n_tiles and w != tb["last_arrive_wg"]
+            label(
+                ax,
+                x + (cw * 0.45 if skipped else 0),
+                y_wg[w] + (bh + 0.1 if w == 0 else -0.1),
+                f"turn {k}: no bar.arrive {tb['other_turn'][w]}" if skipped else f"turn {k}",
+                size=6.2,
+                color=VERMILLION if skipped else "#555555",
+                ha="right" if skipped else "center",
+            )
+            syncs[tb["my_turn"][w]].append(c)
+            if k < n_tiles or w == tb["last_arrive_wg"]:
+                arrivals[tb["other_turn"][w]].append(c)
+    for b, y in y_bar.items():
+        for phase, (ca, cs) in enumerate(zip(arrivals[b], syncs[b], strict=True)):
+            # the arrival (from the arriving warpgroup's turn) and the sync it releases
+            xa, xs = cx(ca), cx(cs)
+            wa = tb["pre_arrive_wg"] if ca == 0 else (ca - 1) % 2
+            ws = (cs - 1) % 2
+            ya = y_wg[wa] + (bh if wa == 1 else 0)
+            arrow(
+                ax, xa + (0.12 if wa == 1 else 0.1), ya, xs - 0.06, y + (-0.13 if wa == 1 else 0.13), color=BLUE, lw=0.9
+            )
+            ys = y_wg[ws] + (0 if ws == 0 else bh)
+            arrow(ax, xs, y + (0.13 if ws == 0 else -0.13), xs, ys, color=VERMILLION, lw=1.0)
+            ax.add_patch(Circle((xs, y), 0.13, fc="white", ec="#333333", lw=0.8, zorder=5))
+            label(ax, xs, y, str(phase), size=6.6, zorder=6)
+    # the counts
+    nsync = len(syncs[tb["my_turn"][0]])
+    label(
+        ax,
+        0.1,
+        0.42,
+        f"Each phase (circled) completes when {tb['threads']} threads have reached it: {wg_threads} of one "
+        f"warpgroup arriving (bar.arrive, blue) and {wg_threads} of the other waiting (bar.sync, red).",
+        size=6.9,
+        ha="left",
+    )
+    label(
+        ax,
+        0.1,
+        0.18,
+        f"{n_tiles} K/V tiles = {turns} turns per warpgroup ({tb['turn_sites']} places issue wgmmas: tile 0, the loop, "
+        f"the last P·V). Barrier {tb['my_turn'][0]}: {nsync} waits by WG 0, 1 + {len(arrivals[pb]) - 1} "
+        f"arrivals by WG {pw}; barrier {tb['my_turn'][1]}: {len(syncs[tb['my_turn'][1]])} waits by WG 1, "
+        f"{len(arrivals[tb['my_turn'][1]])} arrivals by WG 0.",
+        size=6.9,
+        ha="left",
+    )
+    save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ rung 11
+
+
+def _short(shape) -> str:
+    return shape.label.replace("Wan2.1-", "Wan ").replace(" 720p", "").replace(" 480p", "").replace("-attn", "")
+
+
+def rung11_grid(path):
+    r = rungs.get(11)
+    sms = facts.H200_SMS
+    per_sm = facts.ctas_per_sm(11)
+    regs = facts.registers_at_launch(r.threads)
+    grid = sms * per_sm
+    shape = shapes.fa_shape(1024)
+    m_blocks = r.num_m_blocks(shape.seqlen_q)
+    num_tiles = shape.batch * shape.heads * m_blocks
+    rounds = -(-num_tiles // grid)
+    fig, ax = new_figure(9.6, 4.0)
+    title(
+        ax,
+        0.1,
+        3.95,
+        f"Rung 11: {grid} persistent CTAs walk the work tiles blockIdx.x, blockIdx.x + gridDim.x, … "
+        f"(one per SM of an H200)",
+    )
+    # left: which CTA takes which work tile, for the 1k shape
+    full = num_tiles - (rounds - 1) * grid  # CTAs with a work tile in the last round
+    ctas = [0, 1, None, m_blocks - 1, m_blocks, None, full - 1, full, None, grid - 1]
+    its = [0, 1, 2, None, rounds - 2, rounds - 1]
+    cw, ch, ew = 0.62, 0.38, 0.2
+    x0, ytop = 0.75, 3.0
+    head_colours = [tint(c, 0.55) for c in (BLUE, ORANGE, GREEN, SKY, VERMILLION, PURPLE, YELLOW)]
+    xs, x = [], x0
+    for c in ctas:
+        xs.append(x)
+        x += cw if c is not None else ew
+    ys, y = [], ytop
+    for it in its:
+        ys.append(y)
+        y -= ch if it is not None else ew
+    for c, xc in zip(ctas, xs, strict=True):
+        label(ax, xc + (cw if c is not None else ew) / 2, ytop + ch + 0.1, "…" if c is None else str(c), size=6.8)
+    label(ax, x0 + (x - x0) / 2, ytop + ch + 0.3, "CTA = blockIdx.x", size=7.2, weight="bold")
+    for it, yc in zip(its, ys, strict=True):
+        label(ax, x0 - 0.08, yc + ch / 2, "⋮" if it is None else f"it = {it}", size=6.8, ha="right")
+        for c, xc in zip(ctas, xs, strict=True):
+            if c is None or it is None:
+                continue
+            w = c + it * grid
+            if w < num_tiles:
+                bh, mb = divmod(w, m_blocks)
+                box(
+                    ax,
+                    xc + 0.02,
+                    yc + 0.02,
+                    cw - 0.04,
+                    ch - 0.04,
+                    f"w {w}\nbh {bh}, m {mb}",
+                    fc=head_colours[bh % len(head_colours)],
+                    rounded=False,
+                    fontsize=5.6,
+                    lw=0.4,
+                )
+            else:
+                box(
+                    ax,
+                    xc + 0.02,
+                    yc + 0.02,
+                    cw - 0.04,
+                    ch - 0.04,
+                    "done",
+                    fc="white",
+                    ec=GREY,
+                    rounded=False,
+                    fontsize=5.6,
+                    lw=0.4,
+                    hatch="///",
+                )
+    label(
+        ax,
+        x0,
+        ys[-1] - 0.22,
+        f"{shape.label} shape ({shape.detail}): {num_tiles} work tiles = B·H·⌈Sq/{r.block_m}⌉; "
+        f"work tile w → bh = w / {m_blocks}, m-block = w % {m_blocks}",
+        size=6.8,
+        ha="left",
+    )
+    label(
+        ax,
+        x0,
+        ys[-1] - 0.45,
+        f"consecutive CTAs take consecutive m-blocks of one head (colour): "
+        f"{grid // m_blocks}+ heads' K/V in flight share the L2",
+        size=6.8,
+        ha="left",
+        color="#444444",
+    )
+    # right: work tiles per CTA of each bench shape
+    tx = 6.35
+    cols = [
+        (tx, "shape", "left"),
+        (tx + 1.45, "work tiles", "right"),
+        (tx + 2.2, "per CTA", "right"),
+        (tx + 2.7, "waves", "right"),
+        (tx + 3.15, "K/V", "right"),
+    ]
+    ty = ytop + ch + 0.1
+    for xc, text, ha in cols:
+        label(ax, xc, ty, text, size=7, weight="bold", ha=ha)
+    ax.plot([tx, tx + 3.2], [ty - 0.12, ty - 0.12], color="#333333", lw=0.6)
+    for k, sh in enumerate(shapes.default_shapes()):
+        n = sh.batch * sh.heads * r.num_m_blocks(sh.seqlen_q)
+        q, rem = divmod(n, min(n, grid))
+        per_cta = f"{q + 1} or {q}" if rem else f"{q}"
+        yk = ty - 0.3 - k * 0.24
+        for (xc, _, ha), text in zip(
+            cols,
+            (_short(sh), _fmt(n), per_cta, f"{n / min(n, grid):.1f}", str(_tiles(sh.seqlen_k, r.block_n))),
+            strict=True,
+        ):
+            label(ax, xc, yk, text, size=6.8, ha=ha)
+    yk = ty - 0.3 - len(shapes.default_shapes()) * 0.24
+    label(
+        ax,
+        tx,
+        yk - 0.05,
+        f"per CTA: ⌈tiles / {grid}⌉ for the first tiles % {grid} CTAs, ⌊tiles / {grid}⌋\n"
+        f"for the others (waves = tiles / {grid}); K/V: K/V tiles per work tile",
+        size=6.4,
+        ha="left",
+        va="top",
+        color="#444444",
+    )
+    label(
+        ax,
+        0.1,
+        0.2,
+        f"grid = min(work tiles, SMs × CTAs per SM) = {sms} × {per_sm}: {r.threads} threads × {regs} registers and "
+        f"{_fmt(r.smem_bytes)} B of shared memory leave room for {per_sm} CTA per SM.\n{sms} SMs is the H200's "
+        "count (the launch asks the device); the kernel receives num_tiles as its last argument.",
+        size=6.6,
+        ha="left",
+        color="#444444",
+    )
+    save(fig, path)
+
+
+def _load_name(name: str, n_tiles: int) -> str:
+    """``K5`` (the kernel's ring counter over the CTA) as the figure names it: ``K1'`` (tile 1 of the second
+    work tile)."""
+    kind, number = name[0], int(name[1:])
+    if kind == "Q":
+        return "Q" + "'" * number
+    return f"{kind}{number % n_tiles}" + "'" * (number // n_tiles)
+
+
+def _draw_cta(ax, model, x0, y_top, unit, offset, n_tiles, stages, *, end_q=None):
+    """One CTA of the toy model: its ring slots (in flight: hatched; in shared memory until released:
+    solid), its two consumer warpgroups and the tensor cores, from time ``offset``."""
+    rows = ["Q"] + [f"{m}{s}" for m in "KV" for s in range(stages)]
+    rh, gap = 0.12, 0.145
+    y_of = {row: y_top - i * gap for i, row in enumerate(rows)}
+    colours = {"Q": ROLE["Q"], "K": ROLE["K"], "V": ROLE["V"]}
+    for name, (issued, landed, freed) in sorted(model["loads"].items()):
+        kind, number = name[0], int(name[1:])
+        row = "Q" if kind == "Q" else f"{kind}{number % stages}"
+        freed = freed if freed is not None else (end_q if end_q is not None else model["end"])
+        y = y_of[row]
+        xa = x0 + float(issued + offset) * unit
+        xb = x0 + float(landed + offset) * unit
+        xc = x0 + float(freed + offset) * unit
+        rect(ax, xa, y, xb - xa, rh, fc=tint(colours[kind], 0.75), ec="#777777", lw=0.4, hatch="////")
+        text = _load_name(name, n_tiles)
+        rect(ax, xb, y, xc - xb - 0.01, rh, fc=tint(colours[kind], 0.35), ec="#555555", lw=0.4)
+        if xc - xb > 0.06 * len(text):
+            label(ax, (xb + xc) / 2, y + rh / 2, text, size=5.6)
+    y_wg = y_top - len(rows) * gap - 0.3
+    for w in (0, 1):
+        _draw_spans(ax, model["lanes"][f"wg{w}"], x0, y_wg - w * 0.3, unit, 0.24, font=5.6, offset=offset, lw=0.4)
+    tc = sorted(model["lanes"]["tc0"] + model["lanes"]["tc1"], key=lambda sp: sp[1])
+    _draw_spans(ax, tc, x0, y_wg - 0.64, unit, 0.2, font=5.6, offset=offset, lw=0.4)
+    for w, op, arg, t in model["events"]:
+        if op == "release" and arg.startswith("Q"):
+            x = x0 + float(t + offset) * unit
+            ax.plot([x], [y_wg - w * 0.3 + 0.24], marker="D", ms=3.2, color=VERMILLION, zorder=6)
+    return {row: y + rh / 2 for row, y in y_of.items()} | {
+        "wg0": y_wg + 0.12,
+        "wg1": y_wg - 0.18,
+        "tc": y_wg - 0.54,
+    }
+
+
+def rung11_handover(path):
+    r10, r11 = rungs.get(10), rungs.get(11)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r11.block_n)
+    counts = facts.mbarrier_counts(11)
+    cta10 = simulate([consumer_program(10, w, n_tiles) for w in (0, 1)], producer_program(10, n_tiles))
+    cta11 = simulate([consumer_program(11, w, n_tiles, 2) for w in (0, 1)], producer_program(11, n_tiles, 2))
+    span10 = 2 * (START_LEN + cta10["end"])
+    x0, x1 = 1.2, 9.45
+    unit = (x1 - x0) / float(span10)
+    fig, ax = new_figure(9.6, 5.5)
+    title(
+        ax,
+        0.1,
+        5.45,
+        f"Rung 11 vs rung 10: two work tiles of {n_tiles} K/V tiles ({shapes.WAN_TEXT_TOKENS} keys) on one SM "
+        "(toy model of the code; schematic, not measured)",
+    )
+
+    def lane_labels(ys):
+        for key, text in (
+            ("Q", "Q"),
+            ("K0", "K slot 0"),
+            ("K1", "K slot 1"),
+            ("V0", "V slot 0"),
+            ("V1", "V slot 1"),
+            ("wg0", "consumer WG 0"),
+            ("wg1", "consumer WG 1"),
+            ("tc", "tensor cores"),
+        ):
+            if key in ys:
+                big = key in ("wg0", "wg1", "tc")
+                label(ax, x0 - 0.08, ys[key], text, size=6.8 if big else 6.2, ha="right")
+
+    def start_box(t, y_hi, y_lo):
+        box(
+            ax,
+            x0 + float(t) * unit,
+            y_lo,
+            START_LEN * unit - 0.01,
+            y_hi - y_lo,
+            "",
+            fc=tint(GREY, 0.55),
+            rounded=False,
+            lw=0.4,
+        )
+
+    # rung 10: one CTA per work tile, one after the other on this SM
+    label(
+        ax,
+        0.1,
+        5.1,
+        f"rung 10: one CTA per work tile ({r10.block_n}-key tiles, {r10.stages} slots)",
+        size=7.8,
+        weight="bold",
+        ha="left",
+    )
+    top = 4.85
+    ys = {}
+    for c in range(2):
+        off = c * (START_LEN + cta10["end"]) + START_LEN
+        ys = _draw_cta(ax, cta10, x0, top, unit, off, n_tiles, r10.stages)
+        start_box(off - START_LEN, top + 0.12, ys["tc"] - 0.1)
+        if c:
+            label(
+                ax,
+                x0 + float(off) * unit + 0.05,
+                top + 0.25,
+                "the next CTA: start, then wait for Q and K0",
+                size=6.4,
+                ha="left",
+                color=VERMILLION,
+            )
+            ax.plot(
+                [x0 + float(off - START_LEN) * unit] * 2,
+                [ys["tc"] - 0.12, top + 0.2],
+                color=VERMILLION,
+                lw=0.9,
+                ls="--",
+            )
+    lane_labels(ys)
+    # rung 11: one CTA walks both
+    top = 2.6
+    label(ax, 0.1, 2.85, "rung 11: one persistent CTA walks both", size=7.8, weight="bold", ha="left")
+    ys = _draw_cta(ax, cta11, x0, top, unit, START_LEN, n_tiles, r11.stages)
+    start_box(0, top + 0.12, ys["tc"] - 0.1)
+    lane_labels(ys)
+    q1 = cta11["loads"]["Q1"]
+    xq = x0 + float(q1[0] + START_LEN) * unit
+    label(
+        ax,
+        xq + 0.05,
+        top + 0.25,
+        f"q_empty complete ({counts['bar_q_empty']} warps arrived): Q', K0', V0', K1' issued",
+        size=6.4,
+        ha="left",
+        color=VERMILLION,
+    )
+    ax.plot([xq] * 2, [ys["tc"] - 0.12, top + 0.2], color=VERMILLION, lw=0.9, ls="--")
+    end10 = x0 + float(span10) * unit
+    end11 = x0 + float(START_LEN + cta11["end"]) * unit
+    arrow(ax, end11, ys["tc"] - 0.2, end10, ys["tc"] - 0.2, style="<|-|>", color=BLUE, lw=0.9, mutation=6)
+    label(ax, end10, ys["tc"] - 0.33, "saved", size=6.4, ha="right", color=BLUE)
+    # legend
+    ly = 0.5
+    items = [
+        ("TMA load in flight", tint(GREY, 0.7), "////"),
+        ("tile in shared memory", tint(GREY, 0.3), None),
+        ("CTA start", tint(GREY, 0.55), None),
+        ("S", PHASE_COLOURS["S"], None),
+        ("softmax", PHASE_COLOURS["softmax"], None),
+        ("P·V", PHASE_COLOURS["PV"], None),
+        ("O *= α, pack P", PACK, None),
+        ("epilogue", PHASE_COLOURS["epilogue"], None),
+        ("wait", PHASE_COLOURS["wait"], None),
+    ]
+    x = 0.1
+    for text, colour, hatch in items:
+        rect(ax, x, ly - 0.06, 0.16, 0.12, fc=colour, ec="#555555", lw=0.4, hatch=hatch)
+        label(ax, x + 0.2, ly, text, size=6.3, ha="left")
+        x += 0.32 + 0.052 * len(text)
+    ax.plot([x + 0.05], [ly], marker="D", ms=3.2, color=VERMILLION)
+    label(ax, x + 0.14, ly, "arrives on q_empty", size=6.3, ha="left")
+    label(
+        ax,
+        0.1,
+        0.2,
+        f"Lengths as in rung 10's figure, a load {LOAD_LEN} units, a CTA start {START_LEN}. A slot is refilled once "
+        "both consumer warpgroups released it (empty barriers); the next Q only after q_empty, i.e. after every S of "
+        "the work tile.",
+        size=6.4,
+        ha="left",
+        color="#444444",
+    )
+    save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ rung 12
+
+OVERHEAD_KEYS = 24  # the drawn width of a tile's fixed overhead, in keys: schematic
+TRIED_BLOCK_N = 192  # the wider tile rung 12's page tried and did not keep
+
+
+def _key_counts() -> list:
+    """The seqlen_k of the bench shapes the page discusses: the cross-attention's text, the FA sweep's 1k,
+    4k and 16k, and the two Wan self-attentions."""
+    return [
+        shapes.WAN_TEXT_TOKENS,
+        *(s for s in shapes.FA_SEQLENS if s in (1024, 4096, 16384)),
+        shapes.WAN_SHAPE.seqlen_k,
+        shapes.WAN14B_SHAPE.seqlen_k,
+    ]
+
+
+def rung12_tiles(path):
+    narrow, wide = rungs.get(11).block_n, rungs.get(12).block_n
+    hd = rungs.HEAD_DIM
+    steps = {bn: facts.need(12, "KV_STEPS", block_n=bn, kv_box_rows=bn) for bn in (narrow, wide)}
+    fig, ax = new_figure(9.6, 4.5, xlim=(0, 9.6), ylim=(0.4, 4.9))
+    title(
+        ax,
+        0.1,
+        4.85,
+        f"Rung 12: K/V tiles of {wide} keys instead of {narrow}: fewer tiles, so fewer per-tile overheads",
+    )
+    x0 = 1.45
+    scale = 7.6 / (1024 + (1024 // narrow) * OVERHEAD_KEYS)  # inches per key: 1024 keys fill the width
+    y = 4.25
+    for keys in (shapes.WAN_TEXT_TOKENS, 1024):
+        label(ax, 0.1, y + 0.05, f"{keys} keys", size=8, weight="bold", ha="left")
+        for bn in (narrow, wide):
+            y -= 0.36
+            label(ax, x0 - 0.08, y + 0.14, f"BLOCK_N {bn}", size=7, ha="right", family="monospace")
+            x = x0
+            for j in range(_tiles(keys, bn)):
+                valid = min(bn, keys - j * bn)
+                rect(ax, x, y, OVERHEAD_KEYS * scale, 0.28, fc=VERMILLION, ec="#555555", lw=0.4)
+                x += OVERHEAD_KEYS * scale
+                box(
+                    ax,
+                    x,
+                    y,
+                    valid * scale,
+                    0.28,
+                    str(valid),
+                    fc=tint(ROLE["K"], 0.45 if j % 2 else 0.25),
+                    rounded=False,
+                    fontsize=6.6,
+                    lw=0.4,
+                )
+                if valid < bn:
+                    box(
+                        ax,
+                        x + valid * scale,
+                        y,
+                        (bn - valid) * scale,
+                        0.28,
+                        "",
+                        fc="white",
+                        ec=GREY,
+                        rounded=False,
+                        lw=0.4,
+                        hatch="////",
+                    )
+                    label(
+                        ax,
+                        x + bn * scale + 0.05,
+                        y + 0.14,
+                        f"+{bn - valid} masked",
+                        size=6.4,
+                        ha="left",
+                        color="#555555",
+                    )
+                x += bn * scale
+        y -= 0.25
+    # the table
+    keys_list = _key_counts()
+    cols = [
+        (0.1, "seqlen_k", "left"),
+        (1.55, f"tiles of {narrow}", "right"),
+        (2.65, f"tiles of {wide}", "right"),
+        (4.1, f"last {wide}-tile", "right"),
+        (5.55, "keys computed", "right"),
+        (7.05, "fewer tiles", "right"),
+    ]
+    ty = y - 0.05
+    for xc, text, ha in cols:
+        label(ax, xc, ty, text, size=7, weight="bold", ha=ha)
+    ax.plot([0.1, 7.1], [ty - 0.12, ty - 0.12], color="#333333", lw=0.6)
+    for k, keys in enumerate(keys_list):
+        a, b = _tiles(keys, narrow), _tiles(keys, wide)
+        last = keys - (b - 1) * wide
+        computed = b * wide
+        row = (
+            _fmt(keys),
+            str(a),
+            str(b),
+            f"{last} keys" if last == wide else f"{last} + {wide - last} masked",
+            f"{_fmt(computed)} (+{100 * (computed - keys) / keys:.1f} %)",
+            f"−{100 * (a - b) / a:.0f} %",
+        )
+        for (xc, _, ha), text in zip(cols, row, strict=True):
+            label(ax, xc, ty - 0.3 - k * 0.21, text, size=6.8, ha=ha)
+    label(
+        ax,
+        7.35,
+        ty + 0.05,
+        f"per tile and warpgroup:\n\n"
+        f"S = Q·Kᵀ  {hd // 16} × m64n{narrow}k16\n"
+        f"       →  {hd // 16} × m64n{wide}k16\n"
+        f"O += P·V  {steps[narrow]} × m64n{hd}k16\n"
+        f"       →  {steps[wide]} × m64n{hd}k16\n\n"
+        "masked keys still go\nthrough the wgmmas",
+        size=6.6,
+        ha="left",
+        va="top",
+        family="monospace",
+    )
+    label(
+        ax,
+        0.1,
+        ty - 0.3 - len(keys_list) * 0.21 - 0.12,
+        "red: a tile's fixed cost besides its GEMMs and exponentials (mbarrier waits, its ping-pong turn, row max and "
+        "rescale bookkeeping, O *= α, wgmma fences); its width is illustrative.",
+        size=6.5,
+        ha="left",
+        color="#444444",
+    )
+    save(fig, path)
+
+
+def rung12_budget(path):
+    import matplotlib.pyplot as plt
+
+    narrow, wide = rungs.get(11).block_n, rungs.get(12).block_n
+    stages = rungs.get(12).stages
+    creg = facts.need(12, "CONSUMER_REGS")
+    mbar_bytes = 8 * sum(facts.static_mbarriers(12).values())
+    limit = facts.SMEM_PER_CTA_MAX
+    variants = [  # (label, Rung fields changed)
+        (f"{narrow} × {stages} (rung 11)", {"block_n": narrow, "kv_box_rows": narrow}),
+        (f"{wide} × {stages} (rung 12)", {}),
+        (f"{TRIED_BLOCK_N} × {stages} (tried)", {"block_n": TRIED_BLOCK_N, "kv_box_rows": TRIED_BLOCK_N}),
+        (f"{wide} × 3", {"extra_defines": {"NUM_STAGES": 3}}),
+    ]
+    fig, (ax_r, ax_s) = plt.subplots(2, 1, figsize=(8.6, 4.6), gridspec_kw={"height_ratios": [3, 4], "hspace": 0.75})
+    # registers of a consumer thread: the arrays live across the loop
+    for yi, (_, change) in enumerate(variants[:3]):
+        o_t, s_t, kv = facts.need(12, "O_TILES", "S_TILES", "KV_STEPS", **change)
+        parts = [
+            (f"O: {o_t * 4}", o_t * 4, tint(ROLE["O"], 0.35)),
+            (f"S: {s_t * 4}", s_t * 4, tint(SKY, 0.25)),
+            (f"P: {kv * 4}", kv * 4, tint(SKY, 0.6)),
+        ]
+        left = 0
+        for text, n, colour in parts:
+            ax_r.barh(yi, n, left=left, color=colour, edgecolor="white", height=0.62)
+            ax_r.text(left + n / 2, yi, text, ha="center", va="center", fontsize=7)
+            left += n
+        ax_r.text(left + 3, yi, f"{left}, {creg - left} left", va="center", fontsize=7)
+    ax_r.set_yticks(range(3), [v[0].replace(f" × {stages}", "") for v in variants[:3]], fontsize=7.5)
+    ax_r.invert_yaxis()
+    ax_r.axvline(creg, color=VERMILLION, lw=1, ls="--")
+    ax_r.text(creg + 2, -0.45, f"{creg}:\nsetmaxnreg", color=VERMILLION, fontsize=7, ha="left", va="top")
+    ax_r.set_xlim(0, 256)
+    ax_r.set_xlabel(
+        "32-bit registers of a consumer thread in o_acc (O), s (S) and p_frag (P), by BLOCK_N", fontsize=7.5
+    )
+    ax_r.set_title(
+        f"Rung 12: BLOCK_N {wide} fits the consumers' {creg} registers and the {_kb(limit)} of shared memory",
+        loc="left",
+    )
+    # dynamic shared memory of a CTA
+    for yi, (_, change) in enumerate(variants):
+        q_panel, kv_tile, total = facts.need(12, "Q_PANEL", "KV_TILE_BYTES", "SMEM_BYTES", **change)
+        st = facts.constants(12, **change).get("NUM_STAGES")
+        parts = [
+            ("", 1024, tint(GREY, 0.6)),
+            (f"Q {_kb(2 * q_panel)}", 2 * q_panel, tint(ROLE["Q"], 0.45)),
+            (f"K {st} × {_kb(kv_tile)}", st * kv_tile, tint(ROLE["K"], 0.45)),
+            (f"V {st} × {_kb(kv_tile)}", st * kv_tile, tint(ROLE["V"], 0.5)),
+        ]
+        left = 0
+        for text, n, colour in parts:
+            ax_s.barh(yi, n, left=left, color=colour, edgecolor="white", height=0.62)
+            if text:
+                ax_s.text(left + n / 2, yi, text, ha="center", va="center", fontsize=7)
+            left += n
+        fits = total + mbar_bytes <= limit
+        ax_s.text(
+            left + 2500,
+            yi,
+            f"{_fmt(total)} B" + ("" if fits else ": does not fit"),
+            va="center",
+            fontsize=7,
+            color="#333333" if fits else VERMILLION,
+        )
+    ax_s.set_yticks(range(len(variants)), [v[0] for v in variants], fontsize=7.5)
+    ax_s.invert_yaxis()
+    ax_s.axvline(limit, color=VERMILLION, lw=1, ls="--")
+    ax_s.text(limit + 2500, -0.45, f"{_fmt(limit)} B:\n{_kb(limit)}", color=VERMILLION, fontsize=7, ha="left", va="top")
+    ax_s.set_xlim(0, 340000)
+    ax_s.set_xlabel(
+        f"bytes of dynamic shared memory (BLOCK_N × stages; + {mbar_bytes} B of static mbarriers, "
+        "1 KB alignment slack in grey)",
+        fontsize=7.5,
+    )
+    save(fig, path)
+
+
+FIGURES = [
+    (
+        10,
+        "schedule",
+        rung10_schedule,
+        "The ping-pong turns: each consumer warpgroup issues its wgmmas while the other one computes its "
+        "softmax (a toy model of the kernel's order of operations).",
+    ),
+    (
+        10,
+        "barriers",
+        rung10_barriers,
+        "The turn protocol: the other warpgroup's bar.arrive opens each turn; warpgroup 1 arrives once before "
+        "the first turn and not after its last.",
+    ),
+    (
+        11,
+        "grid",
+        rung11_grid,
+        "The persistent grid: CTA c takes work tiles c, c + gridDim.x, …; how many work tiles each CTA takes "
+        "for the bench shapes.",
+    ),
+    (
+        11,
+        "handover",
+        rung11_handover,
+        "Two work tiles on one SM: in rung 11 the next work tile's Q and K/V load under the last P·V and the "
+        "epilogue of the current one (a toy model of the code).",
+    ),
+    (
+        12,
+        "tiles",
+        rung12_tiles,
+        "Rung 11's and rung 12's K/V tiles: how many each seqlen_k needs, and the masked keys of the ragged last tile.",
+    ),
+    (
+        12,
+        "budget",
+        rung12_budget,
+        "The registers of a consumer thread and the shared memory of a CTA at rung 11's, rung 12's and a wider "
+        "BLOCK_N.",
+    ),
+]
