@@ -117,7 +117,7 @@ def _plain_tensor_types() -> frozenset:
 
 
 _PLAIN_TYPES = _plain_tensor_types()
-_NAMES = ("q", "k", "v")
+_STRIDED = torch.strided
 
 
 def _scale_reason(scale) -> Unsupported | None:
@@ -151,22 +151,27 @@ def unsupported_reason(
 
     The arguments are SDPA's: ``query`` ``(B, H, Sq, E)``, ``key`` ``(B, H, Sk, E)``, ``value``
     ``(B, H, Sk, Ev)`` tensors; ``attn_mask``, ``dropout_p``, ``is_causal``, ``scale``, ``enable_gqa`` as in
-    torch. Checked in this order: argument types, tensor layout (sparse, nested) and tensor subclass;
-    the features (mask, dropout, causal); rank; dtype; head_dim; shapes (batch, heads, seqlen_k of K vs V;
-    fewer K/V heads with ``enable_gqa`` is the ``"gqa"`` feature); scale; device; GPU generation; size (one
-    head's K or V must hold fewer than 2^31 elements: the kernels' offsets are 32-bit and a head's keys
-    cannot be split across launches, while batch, heads and query rows can; see
-    :func:`attnclimb.runtime.layout.plan_chunks`).
+    torch. Checked in this order: the features (mask, dropout, causal); for Q, K, V in turn their type,
+    layout (sparse, nested), tensor subclass, rank, dtype and head_dim; equal dtypes and head_dims; shapes
+    (batch, heads, seqlen_k of K vs V; fewer K/V heads with ``enable_gqa`` is the ``"gqa"`` feature);
+    scale; device; GPU generation; size (one head's K or V must hold fewer than 2^31 elements: the
+    kernels' offsets are 32-bit and a head's keys cannot be split across launches, while batch, heads and
+    query rows can; see :func:`attnclimb.runtime.layout.plan_chunks`).
 
     Sizes of zero (empty batch, heads or sequences) are supported: they never reach a kernel.
     """
-    tensors = (query, key, value)
-    for name, t in zip(_NAMES, tensors):
+    if attn_mask is not None and not features.attn_mask:
+        return Unsupported("attn_mask", "", "an attn_mask is not supported by the kernels", ValueError)
+    if dropout_p != 0.0 and not features.dropout:
+        return Unsupported("dropout", "", f"dropout_p={dropout_p} is not supported (only 0.0)", ValueError)
+    if is_causal and not features.causal:
+        return Unsupported("is_causal", "", "is_causal=True is not supported by the kernels yet", ValueError)
+    # One pass per tensor (this runs on every call: attribute reads only).
+    for name, t in (("q", query), ("k", key), ("v", value)):
         if not isinstance(t, torch.Tensor):
             msg = f"{name} must be a torch.Tensor, got {type(t).__name__}"
             return Unsupported("type", type(t).__name__, msg, TypeError)
-    for name, t in zip(_NAMES, tensors):
-        if t.is_nested or t.layout != torch.strided:
+        if t.layout is not _STRIDED or t.is_nested:
             layout = "nested" if t.is_nested else str(t.layout)
             msg = f"{name} has layout {layout}; attnclimb supports dense (torch.strided) tensors only"
             return Unsupported("layout", layout, msg, ValueError)
@@ -174,73 +179,63 @@ def unsupported_reason(
             tname = type(t).__name__
             msg = f"{name} is a {tname}, a tensor subclass; attnclimb runs on plain tensors only"
             return Unsupported("subclass", tname, msg, ValueError)
-    if attn_mask is not None and not features.attn_mask:
-        return Unsupported("attn_mask", "", "an attn_mask is not supported by the kernels", ValueError)
-    if dropout_p != 0.0 and not features.dropout:
-        return Unsupported("dropout", "", f"dropout_p={dropout_p} is not supported (only 0.0)", ValueError)
-    if is_causal and not features.causal:
-        return Unsupported("is_causal", "", "is_causal=True is not supported by the kernels yet", ValueError)
-    for name, t in zip(_NAMES, tensors):
-        if t.dim() != 4:
-            msg = (
-                f"{name} has shape {tuple(t.shape)} (rank {t.dim()}); expected rank 4: (batch, heads, seqlen, head_dim)"
-            )
-            return Unsupported("rank", str(t.dim()), msg, ValueError)
-    for name, t in zip(_NAMES, tensors):
+        shape = t.shape
+        if len(shape) != 4:
+            msg = f"{name} has shape {tuple(shape)} (rank {len(shape)}); expected rank 4: (batch, heads, seqlen, dim)"
+            return Unsupported("rank", str(len(shape)), msg, ValueError)
         if t.dtype not in features.dtypes:
             allowed = " or ".join(sorted(str(d) for d in features.dtypes))
             msg = f"{name} has dtype {t.dtype}; attnclimb supports {allowed} only"
             return Unsupported("dtype", str(t.dtype), msg, TypeError)
+        if shape[3] not in features.head_dims:
+            msg = f"{name} has head_dim {shape[3]}; supported head_dim: {tuple(sorted(features.head_dims))}"
+            return Unsupported("head_dim", str(shape[3]), msg, ValueError)
+    qs, ks, vs = query.shape, key.shape, value.shape
     if not (query.dtype == key.dtype == value.dtype):
         msg = f"q, k, v have different dtypes: {query.dtype}, {key.dtype}, {value.dtype}"
         return Unsupported("dtype", "mixed", msg, TypeError)
-    for name, t in zip(_NAMES, tensors):
-        d = t.shape[-1]
-        if d not in features.head_dims:
-            msg = f"{name} has head_dim {d}; supported head_dim: {tuple(sorted(features.head_dims))}"
-            return Unsupported("head_dim", str(d), msg, ValueError)
-    if query.shape[-1] != key.shape[-1] or (
-        value.shape[-1] != query.shape[-1] and not features.value_head_dim_may_differ
-    ):
-        msg = f"head_dim differs: q {query.shape[-1]}, k {key.shape[-1]}, v {value.shape[-1]}"
+    if qs[3] != ks[3] or (vs[3] != qs[3] and not features.value_head_dim_may_differ):
+        msg = f"head_dim differs: q {qs[3]}, k {ks[3]}, v {vs[3]}"
         return Unsupported("head_dim", "mixed", msg, ValueError)
-    b, h = query.shape[0], query.shape[1]
-    if key.shape[0] != b or value.shape[0] != b:
-        msg = f"batch mismatch: q {b}, k {key.shape[0]}, v {value.shape[0]}"
+    b, h = qs[0], qs[1]
+    if ks[0] != b or vs[0] != b:
+        msg = f"batch mismatch: q {b}, k {ks[0]}, v {vs[0]}"
         return Unsupported("shape", "", msg, ValueError)
-    hk = key.shape[1]
-    if hk != h or value.shape[1] != h:
-        if enable_gqa and hk == value.shape[1] and hk > 0 and h % hk == 0:
+    hk = ks[1]
+    if hk != h or vs[1] != h:
+        if enable_gqa and hk == vs[1] and hk > 0 and h % hk == 0:
             if not features.gqa:
                 msg = f"grouped-query attention ({h} query heads, {hk} key/value heads) is not supported yet"
                 return Unsupported("gqa", "", msg, ValueError)
         else:
-            msg = f"heads mismatch: q {h}, k {hk}, v {value.shape[1]} (grouped-query attention is not supported)"
+            msg = f"heads mismatch: q {h}, k {hk}, v {vs[1]} (grouped-query attention is not supported)"
             return Unsupported("shape", "", msg, ValueError)
-    if key.shape[2] != value.shape[2]:
-        msg = f"k has seqlen_k {key.shape[2]} but v has {value.shape[2]}"
+    if ks[2] != vs[2]:
+        msg = f"k has seqlen_k {ks[2]} but v has {vs[2]}"
         return Unsupported("shape", "", msg, ValueError)
     if scale is not None:
         why = _scale_reason(scale)
         if why is not None:
             return why
     dev = query.device
-    for name, t in zip(_NAMES, tensors):
-        if t.device.type != "cuda":
-            msg = f"{name} is on {t.device}; attnclimb runs on a CUDA (Hopper) device"
-            return Unsupported("device", t.device.type, msg, ValueError)
-    if not (key.device == dev and value.device == dev):
-        msg = f"q, k, v are on different devices: {dev}, {key.device}, {value.device}"
+    if dev.type != "cuda":
+        return Unsupported("device", dev.type, f"q is on {dev}; attnclimb runs on a CUDA (Hopper) device", ValueError)
+    kdev, vdev = key.device, value.device
+    if kdev != dev or vdev != dev:
+        for name, d in (("k", kdev), ("v", vdev)):
+            if d.type != "cuda":
+                msg = f"{name} is on {d}; attnclimb runs on a CUDA (Hopper) device"
+                return Unsupported("device", d.type, msg, ValueError)
+        msg = f"q, k, v are on different devices: {dev}, {kdev}, {vdev}"
         return Unsupported("device", "mixed", msg, ValueError)
     why = device_reason(dev.index)
     if why is not None:
         return Unsupported("gpu", why, f"cannot run attnclimb kernels: {why}", ValueError)
-    for name, t in (("k", key), ("v", value)):
-        per_head = t.shape[2] * t.shape[3]
-        if per_head > INT32_LIMIT:
-            msg = (
-                f"{name} holds {per_head} elements per head (seqlen_k {t.shape[2]}); the kernels use 32-bit "
-                f"index math, and one head's keys cannot be split across launches (at most {INT32_LIMIT})"
-            )
-            return Unsupported("size", "", msg, ValueError)
+    per_head = ks[2] * ks[3]  # V has the same (checked above)
+    if per_head > INT32_LIMIT:
+        msg = (
+            f"k and v hold {per_head} elements per head (seqlen_k {ks[2]}); the kernels use 32-bit "
+            f"index math, and one head's keys cannot be split across launches (at most {INT32_LIMIT})"
+        )
+        return Unsupported("size", "", msg, ValueError)
     return None

@@ -137,5 +137,6 @@ def register_diffusers_backend(*, strict: bool = False):
         )
     with _lock:
         member = _add_enum_member(enum_cls, BACKEND_NAME.upper(), BACKEND_NAME)
-        registry.register(member, constraints=[], supports_context_parallel=False)(_backend(strict))
+        # No context-parallel support (0.42's default; 0.35's register has no such argument).
+        registry.register(member, constraints=[])(_backend(strict))
     return member
