@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import rungs as _rungs
+from .runtime import launch as _launch
 from .runtime.layout import INT32_LIMIT, needs_copy, plan_chunks
 
 # torch's SDPA, captured before anything (attnclimb.patch_sdpa included) can replace the module attribute.
@@ -42,8 +43,6 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
     rows (:func:`attnclimb.runtime.layout.plan_chunks`), each launch reading and writing contiguous
     slices in place.
     """
-    from .runtime.launch import run_rung
-
     r = _rungs.BY_NUMBER[rung]
     b, h, sq, _ = q.shape
     sk = k.shape[2]
@@ -54,16 +53,21 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
         return o.zero_()
     q, k, v = _operand(q), _operand(k), _operand(v)
     unfused = r.abi == "unfused"
-    dev = q.device.index
-    guard = torch.cuda.device(dev) if dev != torch.cuda.current_device() else _NULL_GUARD
-    with guard:
-        if o.numel() <= INT32_LIMIT and k.numel() <= INT32_LIMIT and not (unfused and b * h * sq * sk > INT32_LIMIT):
-            run_rung(r, q, k, v, o, scale)
+    limit = INT32_LIMIT
+    with _device_guard(q.device.index):
+        if o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit):
+            _launch.run_rung(r, q, k, v, o, scale)
             return o
-        for c in plan_chunks(b, h, sq, sk, q.shape[3], score_workspace=unfused):
+        for c in plan_chunks(b, h, sq, sk, q.shape[3], score_workspace=unfused, limit=limit):
             qi, kvi = c.q_index, c.kv_index
-            run_rung(r, q[qi], k[kvi], v[kvi], o[qi], scale)
+            _launch.run_rung(r, q[qi], k[kvi], v[kvi], o[qi], scale)
     return o
+
+
+def _device_guard(index: int):
+    """``torch.cuda.device(index)`` when it is not the current device already (entering it costs a few
+    microseconds), else a no-op context."""
+    return torch.cuda.device(index) if index != torch.cuda.current_device() else _NULL_GUARD
 
 
 class _NullGuard:

@@ -93,13 +93,14 @@ def compile_fullgraph():
         out = torch.compile(m, fullgraph=True)(x)
         t_default = time.perf_counter() - t0
         err = rel_l2(out, eager)
+        breaks = sum(counters["graph_break"].values())  # fullgraph=True would have raised on one anyway
         torch._dynamo.reset()
         ro = torch.compile(m, fullgraph=True, mode="reduce-overhead")
         for _ in range(3):  # cudagraph trees record on the second call and replay after
             out_ro = ro(x).clone()
         err_ro = rel_l2(out_ro, eager)
-    breaks = sum(counters["graph_break"].values())
-    ok = same and err < 1e-3 and err_ro < 1e-3 and breaks == 0
+    breaks += sum(counters["graph_break"].values())
+    ok = same and err < 1e-2 and err_ro < 1e-2 and breaks == 0  # bf16: inductor may round the Linear differently
     row(
         "torch.compile fullgraph",
         f"{breaks} graph breaks",
@@ -160,12 +161,8 @@ def big_tensors():
     errs = []
     for i in range(2):
         for j in range(0, 64, 16):
-            errs.append(
-                rel_l2(
-                    out[i, j : j + 16],
-                    F.scaled_dot_product_attention(q[i, j : j + 16], k[i, j : j + 16], v[i, j : j + 16]),
-                )
-            )
+            idx = (slice(i, i + 1), slice(j, j + 16))
+            errs.append(rel_l2(out[idx], F.scaled_dot_product_attention(q[idx], k[idx], v[idx])))
     ok = max(errs) < 1e-2
     row(
         ">= 2^31 elements",

@@ -413,6 +413,19 @@ def test_export_traces_the_kernel_path_into_one_op(hopper):
     assert torch.ops.aten._scaled_dot_product_efficient_attention.default not in targets
 
 
+@pytest.mark.parametrize("rung", [None, 3])
+def test_export_traces_attention_into_one_op(hopper, rung):
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return attnclimb.attention(q, k, v, scale=0.5, rung=rung) + 1
+
+    _, (q, k) = _fake_cuda((2, 3, 7, 128), (2, 3, 9, 128))
+    ep = torch.export.export(M(), (q, k, k), strict=True)
+    calls = [n for n in ep.graph.nodes if n.target == torch.ops.attnclimb.attention_fwd.default]
+    assert len(calls) == 1
+    assert calls[0].args[3:] == (0.5, attnclimb.RUNGS[-1].number if rung is None else rung)
+
+
 def test_compile_fullgraph_fallback_warns_once():
     def f(q, k, v):
         return attnclimb.scaled_dot_product_attention(q, k, v) + 1
@@ -451,6 +464,57 @@ def test_raw_stream_handle():
         cuda_stream = 0x1234
 
     assert raw_stream_handle(CudaStreamLike()) == 0x1234
+
+
+@pytest.mark.parametrize("number", [0, 3, 9])
+def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
+    """run_rung's launches (kernel, 1-D grid, block, shared memory, arguments in docs/kernel-abi.md's
+    order), with the CUDA side replaced by a recorder: the glue between the planner and cuda.core."""
+    from attnclimb import rungs
+    from attnclimb.runtime import launch
+
+    rung = rungs.BY_NUMBER[number]
+    calls = []
+
+    class FakeLoaded:
+        block, smem_bytes = (rung.threads,), rung.smem_bytes
+
+        def stream_for_handle(self, handle):
+            return ("stream", handle)
+
+        def launch(self, name, grid, block, smem, stream, *args):
+            calls.append((name, grid, block, smem, stream, args))
+
+    monkeypatch.setattr(launch, "loaded", lambda r, dev: FakeLoaded())
+    monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
+    monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
+    monkeypatch.setattr(launch, "_tensor_map_of", lambda t, bh, rows, box, dev: ("map", t.data_ptr(), bh, rows, box))
+    b, h, sq, sk = 2, 3, 300, 200
+    q, o = torch.empty(b, h, sq, 128, dtype=BF16), torch.empty(b, h, sq, 128, dtype=BF16)
+    k, v = torch.empty(b, h, sk, 128, dtype=BF16), torch.empty(b, h, sk, 128, dtype=BF16)
+    launch.run_rung(rung, q, k, v, o, 0.25)
+    bh = b * h
+    assert all(c[4] == ("stream", 77) for c in calls)
+    if rung.abi == "unfused":
+        assert [c[0] for c in calls] == ["qk_scores", "row_softmax", "pv_product"]
+        tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
+        assert [c[1] for c in calls] == [(tiles_n * tiles_m * bh,), (bh * sq,), (tiles_m * bh,)]
+        assert calls[0][5][:2] == (q.data_ptr(), k.data_ptr()) and calls[2][5][1:3] == (v.data_ptr(), o.data_ptr())
+        assert calls[0][5][2] == calls[1][5][0] == calls[2][5][0]  # one S workspace
+        return
+    m_blocks = rung.num_m_blocks(sq)
+    ((name, grid, block, smem, _, args),) = calls
+    assert (name, grid, block, smem) == ("attn_fwd", (m_blocks * bh,), (rung.threads,), rung.smem_bytes)
+    assert [int(a) for a in args[4:7]] == [sq, sk, m_blocks] and float(args[7]) == 0.25
+    assert args[3] == o.data_ptr()
+    if rung.abi == "pointer":
+        assert args[:3] == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    else:
+        assert args[:3] == (
+            ("map", q.data_ptr(), bh, sq, rung.q_box_rows),
+            ("map", k.data_ptr(), bh, sk, rung.kv_box_rows),
+            ("map", v.data_ptr(), bh, sk, rung.kv_box_rows),
+        )
 
 
 # ---------------------------------------------------------------- sizes: the 2^31 planner
@@ -530,6 +594,44 @@ def test_plan_property(b, h, sq, sk, d, limit, workspace):
         return
     chunks = plan_chunks(b, h, sq, sk, d, score_workspace=workspace, limit=limit)
     _check_plan(b, h, sq, sk, d, chunks, limit, workspace)
+
+
+@pytest.mark.parametrize(
+    "shape,rung,launches",
+    [
+        ((5, 4, 50, 9), 9, 5),  # a batch entry's Q (4 x 50 x 8 = 1600) per launch
+        ((1, 12, 40, 9), 9, 2),  # one batch entry too big (3840): 9 heads per launch
+        ((1, 2, 500, 9), 9, 4),  # one head too big (4000): 375 query rows per launch
+        ((2, 3, 30, 20), 0, 2),  # rung 0: its 3 x 30 x 20 scores per batch entry count too
+    ],
+)
+def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launches):
+    """ops.forward with the 2^31 limit lowered to 3000 elements and a CPU stand-in for the launch: each
+    launch gets contiguous views within the limit, and together they write the whole output in place."""
+    import contextlib
+
+    limit = 3000
+    calls = []
+
+    def fake_run_rung(r, q, k, v, o, scale):
+        assert r.number == rung and all(t.is_contiguous() for t in (q, k, v, o))
+        assert max(q.numel(), k.numel(), o.numel()) <= limit
+        if r.abi == "unfused":
+            assert q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= limit
+        calls.append(o.data_ptr())
+        o.copy_(F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale))
+
+    monkeypatch.setattr(ops._launch, "run_rung", fake_run_rung)
+    monkeypatch.setattr(ops, "_device_guard", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "INT32_LIMIT", limit)
+    b, h, sq, sk = shape
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, sq, h, 8, generator=g).to(BF16).transpose(1, 2)  # a BSHD view: copied, then split
+    k, v = (torch.randn(b, h, sk, 8, generator=g).to(BF16) for _ in range(2))
+    out = ops.forward(q, k, v, 0.3, rung)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3).to(BF16)
+    assert len(calls) == launches and len(set(calls)) == launches
+    assert out.is_contiguous() and torch.equal(out, ref)
 
 
 def test_plan_slices_are_contiguous_views():

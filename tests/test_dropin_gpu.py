@@ -152,7 +152,8 @@ def test_compile_fullgraph_matches_eager():
     with torch.no_grad():
         eager = m(x)
         compiled = torch.compile(m, fullgraph=True)(x)
-    assert rel_l2(compiled, eager) < 1e-3  # the same kernel; inductor may fuse the surrounding ops differently
+    # the same attention kernel; inductor may round the Linear's bias add differently (bf16)
+    assert rel_l2(compiled, eager) < TOL
 
 
 def test_compile_backward_matches_eager():
@@ -275,7 +276,7 @@ def test_tensors_of_2_to_the_31_elements(shape, how):
         rows = [slice(0, 4096), slice(2**24 - 3000, 2**24 + 3000), slice(sq - 5000, sq)]
         slices = [((*every, r), every) for r in rows]
     else:
-        slices = [((i, slice(j, j + 16)),) * 2 for i in range(b) for j in range(0, h, 16)]
+        slices = [((slice(i, i + 1), slice(j, j + 16)),) * 2 for i in range(b) for j in range(0, h, 16)]
     _check_big(q, k, v, out, slices)
     del q, k, v, out
     torch.cuda.empty_cache()
@@ -284,7 +285,7 @@ def test_tensors_of_2_to_the_31_elements(shape, how):
 def test_rung0_scores_over_2_to_the_31_are_split():
     q, k, v = _qkv(1, 8, 4096, 65600, seed=15)  # S = 8 x 4096 x 65600 fp32 > 2^31 elements
     out = attnclimb.attention(q, k, v, rung=0)
-    _check_big(q, k, v, out, [((0, slice(j, j + 2)),) * 2 for j in range(0, 8, 2)])
+    _check_big(q, k, v, out, [((slice(0, 1), slice(j, j + 2)),) * 2 for j in range(0, 8, 2)])
     del q, k, v, out
     torch.cuda.empty_cache()
 

@@ -33,6 +33,9 @@ class LoadedRung:
         from cuda.core import Device, ObjectCode
 
         self.rung = rung
+        self.device_index = device_index
+        self.block = (rung.threads,)  # launch constants, computed once (smem_bytes is a derived property)
+        self.smem_bytes = rung.smem_bytes
         self.device = Device(device_index)
         self.device.set_current()
         arch = f"sm_{self.device.compute_capability.major}{self.device.compute_capability.minor}"
@@ -94,9 +97,16 @@ class LoadedRung:
 
         Host-only work plus one ``cuLaunchKernelEx`` on ``stream``: no synchronisation and no allocation,
         so a launch can be captured into a CUDA graph."""
-        from cuda.core import launch
+        _cuda_launch(stream, _launch_config(grid, block, smem), self.kernels[name], *args)
 
-        launch(stream, _launch_config(grid, block, smem), self.kernels[name], *args)
+
+def _cuda_launch(*args):
+    """``cuda.core.launch``, imported on first use (and bound here from then on)."""
+    global _cuda_launch
+    from cuda.core import launch
+
+    _cuda_launch = launch
+    return launch(*args)
 
 
 class _StreamRef:
@@ -152,15 +162,35 @@ def current_stream_handle(device_index: int) -> int:
     """The raw handle of torch's current CUDA stream on ``device_index`` (the capture stream while a CUDA
     graph is being captured). ``torch._C._cuda_getCurrentRawStream`` is what torch's own compiled code
     calls; it skips building a Python stream object. Falls back to the public API if it is missing."""
-    import torch
+    global _raw_stream_of
+    if _raw_stream_of is None:
+        import torch
 
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get is not None:
-        return get(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+        _raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda index: torch.cuda.current_stream(index).cuda_stream
+        )
+    return _raw_stream_of(device_index)
 
 
+_raw_stream_of = None
 _LOADED: dict = {}
+_thread = threading.local()
+
+
+def _ensure_context(lr: LoadedRung) -> None:
+    """Make the device's primary context current in this thread, once per thread and device.
+
+    The module is loaded once per process, but a CUDA context is current per thread: a thread whose first
+    CUDA work is our launch (torch binds the context lazily, on its own first kernel or allocation) would
+    otherwise launch with none. torch's runtime calls use the same primary context, so this changes
+    nothing for them; the device guard of ``attnclimb.ops.forward`` keeps the right device selected.
+    """
+    done = getattr(_thread, "devices", None)
+    if done is None:
+        done = _thread.devices = set()
+    if lr.device_index not in done:
+        lr.device.set_current()
+        done.add(lr.device_index)
 
 
 def loaded(rung: Rung, device_index: int) -> LoadedRung:
@@ -238,16 +268,17 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
     """
-    import torch
-
     dev = q.device.index
     lr = loaded(rung, dev)
+    _ensure_context(lr)
     stream = lr.stream_for_handle(current_stream_handle(dev))
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     bh = b * h
     i32, f32 = np.int32, np.float32
     if rung.abi == "unfused":
+        import torch
+
         s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
         tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
         lr.launch(
@@ -283,8 +314,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         lr.launch(
             "attn_fwd",
             grid,
-            (rung.threads,),
-            rung.smem_bytes,
+            lr.block,
+            lr.smem_bytes,
             stream,
             q.data_ptr(),
             k.data_ptr(),
@@ -303,8 +334,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         lr.launch(
             "attn_fwd",
             grid,
-            (rung.threads,),
-            rung.smem_bytes,
+            lr.block,
+            lr.smem_bytes,
             stream,
             tq,
             tk,

@@ -1,11 +1,12 @@
-"""Host-side layout decisions, in plain integers (no torch, no GPU; unit-tested on the CPU):
+"""Host-side layout decisions, on plain integers (no torch import, no GPU; unit-tested on the CPU):
 
 - :func:`plan_chunks`: how to split one attention call into launches whose tensors each hold fewer than
   2^31 elements (the kernels' offsets are 32-bit, ``docs/kernel-abi.md``), writing into slices of one
   output;
 - :func:`tma_layout_reason`: which strided tensors a TMA tensor map can describe in place, the rule a
   zero-copy path for BSHD and fused-QKV views would use;
-- :func:`needs_copy`: which inputs today's kernels take as they are, and which are copied first.
+- :func:`needs_copy`: which inputs today's kernels take as they are, and which are copied first (it
+  reads a tensor's ``is_contiguous()`` and ``data_ptr()``).
 """
 
 from __future__ import annotations
