@@ -9,7 +9,8 @@ not import it (nor torch) until an attention function is first used.
 The backward pass recomputes the attention with torch's own SDPA on the saved inputs and
 differentiates that (whichever backend torch's dispatcher picks: cuDNN, flash, memory-efficient or math;
 ``torch.nn.attention.sdpa_kernel`` applies). It costs one extra forward pass and never uses our output,
-so the gradients are torch's, exact to its own tolerances: the forward is ours, the backward is not yet.
+so the gradients are those torch's SDPA gives for the same inputs: the forward is ours, the backward is
+not yet.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
 
     Inputs are what :func:`attnclimb.support.unsupported_reason` accepts (any strides: what the kernels
     cannot read in place is copied). Zero sizes never reach a kernel: an empty ``O`` when ``B``, ``H``
-    or ``Sq`` is 0, zeros when ``Sk`` is 0 (what torch's SDPA returns: a softmax over no keys weights no
+    or ``Sq`` is 0, zeros when ``Sk`` is 0 (what torch's SDPA returns: a softmax over no keys weighs no
     values). A call whose tensors hold 2^31 elements or more is split over batch, then heads, then query
     rows (:func:`attnclimb.runtime.layout.plan_chunks`), each launch reading and writing contiguous
     slices in place.

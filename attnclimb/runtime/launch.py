@@ -95,8 +95,8 @@ class LoadedRung:
         bytes, ``args`` the kernel's parameters (ints as ``numpy.int32``, floats as ``numpy.float32``,
         pointers as Python ints, tensor maps as ``TensorMapDescriptor``).
 
-        Host-only work plus one ``cuLaunchKernelEx`` on ``stream``: no synchronisation and no allocation,
-        so a launch can be captured into a CUDA graph."""
+        Host-only work plus one ``cuLaunchKernelEx`` on ``stream``: no synchronisation and no device
+        allocation, so a launch can be captured into a CUDA graph."""
         _cuda_launch(stream, _launch_config(grid, block, smem), self.kernels[name], *args)
 
 
