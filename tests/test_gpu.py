@@ -284,10 +284,16 @@ def test_tensor_map_cache_hits_and_stays_correct():
 
 
 def test_api_refuses_unfused_when_s_does_not_fit():
+    """Rung 0 materialises S one launch at a time (at most 2^31 fp32 elements, 8 GiB, per launch since
+    issue 9's splitting): with less than that free, it refuses instead of running out of memory."""
+    q = torch.empty(1, 1, 2**15, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(1, 1, 2**16, 128, device="cuda", dtype=torch.bfloat16)  # S: 2^31 elements, split in two
+    torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
-    sk = 2**20
-    sq = int(free // (4 * sk)) + 1024  # S = 4*sq*sk bytes > free
-    q = torch.empty(1, 1, sq, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.empty(1, 1, sk, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="rung 0"):
-        attnclimb.attention(q, k, k, rung=0)
+    blocker = torch.empty(max(free - 6 * 2**30, 0), device="cuda", dtype=torch.uint8)  # leave ~6 GiB
+    try:
+        with pytest.raises(ValueError, match="rung 0"):
+            attnclimb.attention(q, k, k, rung=0)
+    finally:
+        del blocker
+        torch.cuda.empty_cache()

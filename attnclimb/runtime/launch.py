@@ -9,7 +9,6 @@ TMA tensor maps (rungs 5+) are built with ``StridedMemoryView.as_tensor_map`` (C
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import numpy as np
@@ -34,6 +33,9 @@ class LoadedRung:
         from cuda.core import Device, ObjectCode
 
         self.rung = rung
+        self.device_index = device_index
+        self.block = (rung.threads,)  # launch constants, computed once (smem_bytes is a derived property)
+        self.smem_bytes = rung.smem_bytes
         self.device = Device(device_index)
         self.device.set_current()
         arch = f"sm_{self.device.compute_capability.major}{self.device.compute_capability.minor}"
@@ -76,13 +78,22 @@ class LoadedRung:
         return occ.max_active_blocks_per_multiprocessor(self.rung.threads, self.rung.smem_bytes)
 
     def stream(self, torch_stream):
-        """The cuda.core wrapper of a torch stream (cached by handle)."""
-        handle = torch_stream.cuda_stream
+        """The cuda.core wrapper of a torch stream: a ``torch.cuda.Stream`` or a device-generic
+        ``torch.Stream`` (what ``torch.cuda.current_stream()`` can return under ``torch.compile``)."""
+        return self.stream_for_handle(raw_stream_handle(torch_stream))
+
+    def stream_for_handle(self, handle: int):
+        """The cuda.core ``Stream`` for the raw ``cudaStream_t`` address ``handle``, cached by address.
+
+        The wrapper borrows the stream (cuda.core neither owns nor destroys a stream it gets through the
+        ``__cuda_stream__`` protocol); a recycled address on this device is the same stream to the driver,
+        so a cached wrapper stays valid. Handle 0 is the legacy default stream, torch's default.
+        """
         s = self._streams.get(handle)
         if s is None:
-            s = self.device.create_stream(torch_stream)
+            s = self.device.create_stream(_StreamRef(handle))
             with _lock:
-                if len(self._streams) >= 16:  # a stream handle may be recycled; keep the cache small
+                if len(self._streams) >= 16:  # keep the cache small
                     self._streams.pop(next(iter(self._streams)))
                 self._streams[handle] = s
         return s
@@ -90,21 +101,117 @@ class LoadedRung:
     def launch(self, name: str, grid, block, smem: int, stream, *args):
         """Launch kernel ``name``: ``grid``/``block`` are tuples of ints, ``smem`` dynamic shared memory in
         bytes, ``args`` the kernel's parameters (ints as ``numpy.int32``, floats as ``numpy.float32``,
-        pointers as Python ints, tensor maps as ``TensorMapDescriptor``)."""
-        from cuda.core import LaunchConfig, launch
+        pointers as Python ints, tensor maps as ``TensorMapDescriptor``).
 
-        launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=smem), self.kernels[name], *args)
+        Host-only work plus one ``cuLaunchKernelEx`` on ``stream``: no synchronisation and no device
+        allocation, so a launch can be captured into a CUDA graph."""
+        _cuda_launch(stream, _launch_config(grid, block, smem), self.kernels[name], *args)
 
 
-@functools.cache
-def _loaded(rung: Rung, device_index: int) -> LoadedRung:
-    return LoadedRung(rung, device_index)
+def _cuda_launch(*args):
+    """``cuda.core.launch``, imported on first use (and bound here from then on)."""
+    global _cuda_launch
+    from cuda.core import launch
+
+    _cuda_launch = launch
+    return launch(*args)
+
+
+class _StreamRef:
+    """A raw ``cudaStream_t`` address behind the ``__cuda_stream__`` protocol that cuda.core accepts."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_CONFIGS: dict = {}
+
+
+def _launch_config(grid, block, smem: int):
+    """A cached ``cuda.core.LaunchConfig`` (building one validates its fields: a few microseconds)."""
+    key = (grid, block, smem)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        from cuda.core import LaunchConfig
+
+        cfg = LaunchConfig(grid=grid, block=block, shmem_size=smem)
+        with _lock:
+            if len(_CONFIGS) >= 256:
+                _CONFIGS.pop(next(iter(_CONFIGS)))
+            _CONFIGS[key] = cfg
+    return cfg
+
+
+def raw_stream_handle(torch_stream) -> int:
+    """The ``cudaStream_t`` address of a torch stream object.
+
+    ``torch.cuda.Stream`` has it as ``cuda_stream``; a device-generic ``torch.Stream`` (returned by
+    ``torch.cuda.current_stream()`` inside ``torch.compile``) has only ``stream_id``, ``device_index`` and
+    ``device_type``, from which ``torch.cuda.Stream`` rebuilds the same stream.
+    """
+    handle = getattr(torch_stream, "cuda_stream", None)
+    if handle is None:
+        import torch
+
+        handle = torch.cuda.Stream(
+            stream_id=torch_stream.stream_id,
+            device_index=torch_stream.device_index,
+            device_type=torch_stream.device_type,
+        ).cuda_stream
+    return int(handle)
+
+
+def current_stream_handle(device_index: int) -> int:
+    """The raw handle of torch's current CUDA stream on ``device_index`` (the capture stream while a CUDA
+    graph is being captured). ``torch._C._cuda_getCurrentRawStream`` is what torch's own compiled code
+    calls; it skips building a Python stream object. Falls back to the public API if it is missing."""
+    global _raw_stream_of
+    if _raw_stream_of is None:
+        import torch
+
+        _raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda index: torch.cuda.current_stream(index).cuda_stream
+        )
+    return _raw_stream_of(device_index)
+
+
+_raw_stream_of = None
+_LOADED: dict = {}
+_thread = threading.local()
+
+
+def _ensure_context(lr: LoadedRung) -> None:
+    """Make the device's primary context current in this thread, once per thread and device.
+
+    The module is loaded once per process, but a CUDA context is current per thread: a thread whose first
+    CUDA work is our launch (torch binds the context lazily, on its own first kernel or allocation) would
+    otherwise launch with none. torch's runtime calls use the same primary context, so this changes
+    nothing for them; the device guard of ``attnclimb.ops.forward`` keeps the right device selected.
+    """
+    done = getattr(_thread, "devices", None)
+    if done is None:
+        done = _thread.devices = set()
+    if lr.device_index not in done:
+        lr.device.set_current()
+        done.add(lr.device_index)
 
 
 def loaded(rung: Rung, device_index: int) -> LoadedRung:
-    """Compile (cached on disk), load and memoise ``rung`` for device ``device_index``."""
-    with _lock:
-        return _loaded(rung, device_index)
+    """Compile (cached on disk), load and memoise ``rung`` for device ``device_index``.
+
+    A hit is one dictionary lookup; the first call per (rung, device) compiles and loads under a lock."""
+    lr = _LOADED.get((rung, device_index))
+    if lr is None:
+        with _lock:
+            lr = _LOADED.get((rung, device_index))
+            if lr is None:
+                lr = _LOADED[(rung, device_index)] = LoadedRung(rung, device_index)
+    return lr
 
 
 _TMAP_CACHE: dict = {}
@@ -118,10 +225,16 @@ def cached_tensor_map(t3d, box_rows: int):
     map a fresh encode would build, even if the memory was freed and reallocated in between. Saves the
     encode on the launch path, which matters for short sequences where a kernel runs for ~50 µs.
     """
-    key = (t3d.data_ptr(), tuple(t3d.shape), box_rows, t3d.device.index)
+    bh, rows, _ = t3d.shape
+    return _tensor_map_of(t3d, bh, rows, box_rows, t3d.device.index)
+
+
+def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
+    """The cached map over contiguous ``t`` seen as ``(bh, rows, 128)``; the view is built on a miss only."""
+    key = (t.data_ptr(), bh, rows, box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
-        tm = tensor_map(t3d, box_rows)
+        tm = tensor_map(t.view(bh, rows, HEAD_DIM), box_rows)
         with _lock:
             if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
                 _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
@@ -153,19 +266,27 @@ def tensor_map(t3d, box_rows: int):
 def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
 
-    ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, on one CUDA device,
-    already validated by :func:`attnclimb.api.attention`. Raises ``CompileError`` on a first-use compile
-    failure and ``RuntimeError`` (or cuda.core's ``CUDAError``) when a CUDA call fails.
-    """
-    import torch
+    ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, 16-byte aligned, on one
+    CUDA device, every size >= 1, each tensor under 2^31 elements (:func:`attnclimb.ops.forward` splits
+    larger calls with :func:`attnclimb.runtime.layout.plan_chunks`). Raises ``CompileError`` on a first-use
+    compile failure and ``RuntimeError`` (or cuda.core's ``CUDAError``) when a CUDA call fails.
 
-    lr = loaded(rung, q.device.index)
-    stream = lr.stream(torch.cuda.current_stream(q.device))
+    Every grid is 1-D: batch·heads (times the query tiles) goes on ``gridDim.x``, which allows 2^31-1
+    CTAs, so no batch·heads limit of ``gridDim.y/z`` (65535) applies. No synchronisation and, on the fused
+    rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
+    and loaded the rung).
+    """
+    dev = q.device.index
+    lr = loaded(rung, dev)
+    _ensure_context(lr)
+    stream = lr.stream_for_handle(current_stream_handle(dev))
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     bh = b * h
     i32, f32 = np.int32, np.float32
     if rung.abi == "unfused":
+        import torch
+
         s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
         tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
         lr.launch(
@@ -201,8 +322,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         lr.launch(
             "attn_fwd",
             grid,
-            (rung.threads,),
-            rung.smem_bytes,
+            lr.block,
+            lr.smem_bytes,
             stream,
             q.data_ptr(),
             k.data_ptr(),
@@ -215,13 +336,13 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         )
         return
     if rung.abi == "tma":
-        tq = cached_tensor_map(q.view(bh, sq, HEAD_DIM), rung.q_box_rows)
-        tk = cached_tensor_map(k.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
-        tv = cached_tensor_map(v.view(bh, sk, HEAD_DIM), rung.kv_box_rows)
+        tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
+        tk = _tensor_map_of(k, bh, sk, rung.kv_box_rows, dev)
+        tv = _tensor_map_of(v, bh, sk, rung.kv_box_rows, dev)
         args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
             grid = (lr.persistent_grid(grid[0]),)
             args += (i32(m_blocks * bh),)
-        lr.launch("attn_fwd", grid, (rung.threads,), rung.smem_bytes, stream, *args)
+        lr.launch("attn_fwd", grid, lr.block, lr.smem_bytes, stream, *args)
         return
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")

@@ -1,0 +1,142 @@
+"""A diffusers attention backend named ``"attnclimb"``::
+
+    import attnclimb
+    attnclimb.register_diffusers_backend()
+    pipe.transformer.set_attention_backend("attnclimb")   # any diffusers ModelMixin
+
+diffusers (0.35 and newer; written against 0.42) picks a model's attention function from a registry keyed
+by the enum ``diffusers.models.attention_dispatch.AttentionBackendName``. Neither has a public way to add
+a backend, so :func:`register_diffusers_backend` adds a member to the enum and registers the function
+with ``_AttentionBackendRegistry.register``, the decorator diffusers uses for its own backends. Both are
+private diffusers API: the function checks that they look as expected and raises ``RuntimeError`` (not
+a silent misregistration) when a diffusers release changes them. diffusers is an optional dependency
+(the ``video`` extra); nothing here is imported by ``import attnclimb``.
+
+Without the registry, ``attnclimb.patch_sdpa()`` around a model on diffusers' default ``"native"`` backend
+routes its ``F.scaled_dot_product_attention`` calls to attnclimb as well.
+"""
+
+from __future__ import annotations
+
+import threading
+
+BACKEND_NAME = "attnclimb"
+_lock = threading.Lock()
+
+
+def _backend(strict: bool):
+    from .. import sdpa as _sdpa
+
+    def attnclimb_attention(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        return_lse: bool = False,
+        _parallel_config=None,
+    ):
+        """diffusers' backend call: ``query`` ``(B, Sq, H, E)``, ``key``/``value`` ``(B, Sk, H, E)`` (BSHD,
+        diffusers' layout); returns ``(B, Sq, H, Ev)``. Runs :func:`attnclimb.scaled_dot_product_attention`
+        on ``(B, H, S, E)`` views (``transpose(1, 2)``: no copy made here) and returns a view of its output
+        in BSHD.
+
+        A ``(B, Sk)`` mask (a key-padding mask, which diffusers' backends accept) is viewed as
+        ``(B, 1, 1, Sk)`` for SDPA's broadcasting; any mask means torch's SDPA does the work.
+
+        Raises:
+            ValueError: ``return_lse=True`` (not computed) or a context-parallel config (not supported;
+                ``set_attention_backend`` refuses that combination first).
+        """
+        if return_lse:
+            raise ValueError("the attnclimb backend does not return the log-sum-exp (return_lse=True)")
+        if _parallel_config is not None:
+            raise ValueError("the attnclimb backend does not support diffusers' context parallelism")
+        if attn_mask is not None and attn_mask.dim() == 2 and tuple(attn_mask.shape) == (query.shape[0], key.shape[1]):
+            attn_mask = attn_mask[:, None, None, :]
+        out = _sdpa.scaled_dot_product_attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            strict=strict,
+        )
+        return out.transpose(1, 2)
+
+    return attnclimb_attention
+
+
+def _add_enum_member(enum_cls, name: str, value: str):
+    """Add member ``name = value`` to the ``(str, Enum)`` class ``enum_cls`` (idempotent); returns it.
+
+    Python enums are closed once created; a member is a ``str`` instance of the class with ``_name_`` and
+    ``_value_`` set, listed in ``_member_names_``, ``_member_map_`` (behind ``__members__``) and
+    ``_value2member_map_`` (behind ``enum_cls(value)``), and reachable as a class attribute.
+    """
+    existing = enum_cls._value2member_map_.get(value)
+    if existing is not None:
+        return existing
+    member = str.__new__(enum_cls, value)
+    member._name_ = name
+    member._value_ = value
+    member.__objclass__ = enum_cls
+    member._sort_order_ = len(enum_cls._member_names_)
+    enum_cls._member_names_.append(name)
+    enum_cls._member_map_[name] = member
+    enum_cls._value2member_map_[value] = member
+    type.__setattr__(enum_cls, name, member)  # EnumType.__setattr__ refuses only existing members
+    return member
+
+
+def register_diffusers_backend(*, strict: bool = False):
+    """Make ``"attnclimb"`` a diffusers attention backend (idempotent; call it again to change ``strict``).
+
+    Afterwards ``model.set_attention_backend("attnclimb")`` (or diffusers' ``attention_backend("attnclimb")``
+    context manager) makes the model's attention call :func:`attnclimb.scaled_dot_product_attention` on
+    transposed views of the BSHD tensors diffusers passes, falling back to torch's SDPA (one warning per
+    reason) for masks, other dtypes or head dims, CPU tensors and the like.
+
+    Args:
+        strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
+
+    Returns:
+        The new ``AttentionBackendName`` member.
+
+    Raises:
+        ImportError: diffusers is not installed (``pip install attnclimb[video]``) or too old to have an
+            attention dispatcher (before 0.35).
+        RuntimeError: this diffusers' dispatcher does not look like the one this was written against.
+    """
+    try:
+        from diffusers.models import attention_dispatch as ad
+    except ImportError as exc:
+        raise ImportError(
+            "register_diffusers_backend needs diffusers >= 0.35 with its attention dispatcher "
+            f"(pip install 'attnclimb[video]'): {exc}"
+        ) from exc
+    enum_cls = getattr(ad, "AttentionBackendName", None)
+    registry = getattr(ad, "_AttentionBackendRegistry", None)
+    if (
+        enum_cls is None
+        or not issubclass(enum_cls, str)
+        or not all(hasattr(enum_cls, a) for a in ("_member_names_", "_member_map_", "_value2member_map_"))
+        or registry is None
+        or not callable(getattr(registry, "register", None))
+        or not isinstance(getattr(registry, "_backends", None), dict)
+    ):
+        raise RuntimeError(
+            "diffusers' attention dispatcher (AttentionBackendName, _AttentionBackendRegistry.register) is not "
+            "what attnclimb expects; use attnclimb.patch_sdpa() around the model on the 'native' backend instead"
+        )
+    with _lock:
+        member = _add_enum_member(enum_cls, BACKEND_NAME.upper(), BACKEND_NAME)
+        # No context-parallel support (0.42's default; 0.35's register has no such argument).
+        registry.register(member, constraints=[])(_backend(strict))
+    return member
