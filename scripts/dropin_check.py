@@ -299,14 +299,15 @@ def tma_strides():
             if size == 1:
                 byte_strides[i] = packed
             packed *= size
+        u32, u64 = driver.cuuint32_t, driver.cuuint64_t
         err, _ = driver.cuTensorMapEncodeTiled(
             dt,
             4,
             ptr,
-            dims,
-            byte_strides,
-            [64, 64, 1, 1],
-            [1, 1, 1, 1],
+            [u64(x) for x in dims],
+            [u64(x) for x in byte_strides],
+            [u32(x) for x in (64, 64, 1, 1)],
+            [u32(1)] * 4,
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,

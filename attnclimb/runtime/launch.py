@@ -251,16 +251,38 @@ def tensor_map(t3d, box_rows: int):
     ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
     from cuda.core import TensorMapDescriptorOptions
-    from cuda.core._tensor_map import TensorMapOOBFill, TensorMapSwizzle
+    from cuda.core._tensor_map import TensorMapDataType, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
 
-    view = StridedMemoryView.from_dlpack(t3d, stream_ptr=-1)
+    # The descriptor keeps a reference to the object it was built from. Built on the tensor itself, every
+    # cached map would keep its tensor alive (up to _TMAP_CACHE_SIZE of them: leaked GPU memory, and under
+    # CUDA-graph capture "tensors in the cudagraph pool not tracked as outputs"). So it is built on a
+    # non-owning __cuda_array_interface__ of the same memory; the map itself holds only the address.
+    view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(t3d), stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
         box_dim=(1, box_rows, HEAD_DIM // 2),  # cuda.core takes the box outermost-first: (bh, rows, cols)
+        data_type=TensorMapDataType.BFLOAT16,
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
         oob_fill=TensorMapOOBFill.NONE,
     )
     return view.as_tensor_map(options=opts)
+
+
+class _UnownedBf16:
+    """The memory of a bf16 CUDA tensor as a CUDA Array Interface (v3) that does not own it.
+
+    CAI has no bf16 type string, so it is described as 2-byte unsigned ints (``<u2``) and the tensor map
+    gets the element type explicitly (``TensorMapDataType.BFLOAT16``)."""
+
+    def __init__(self, t):
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": "<u2",
+            "data": (t.data_ptr(), False),
+            "strides": tuple(2 * s for s in t.stride()),
+            "version": 3,
+            "stream": None,
+        }
 
 
 def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
