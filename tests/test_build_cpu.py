@@ -187,3 +187,51 @@ def test_shared_memory_has_one_source_of_truth():
     wrong = dataclasses.replace(top, smem_layout="swizzled_ring")  # 1 KB short of what the kernel carves
     with pytest.raises(CompileError, match="static assertion failed"):
         compile_rung(wrong)
+
+
+FEATURE_COMBOS = [(c, g, w) for c in (0, 1) for g in (0, 1) for w in (0, 1) if c or g or w]
+
+
+@pytest.mark.parametrize(("causal", "gqa", "lse"), FEATURE_COMBOS)
+def test_top_rung_feature_variants_compile(causal, gqa, lse):
+    """Each compile-time variant of the top rung (issue 8) builds for sm_90a without spills or local memory
+    and keeps the rung's Hopper instructions."""
+    from attnclimb.runtime.launch import feature_variant
+
+    c = compile_rung(feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse)), "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    if find_cuobjdump() is not None:
+        text = sass(c.cubin)
+        assert not re.search(r"\b(LDL|STL)\b", text)
+        for mnemonic in rungs.TOP.sass_required:
+            assert re.search(rf"\b{mnemonic}\b", text)
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
+    """CAUSAL=GQA=WRITE_LSE=0 spelled out compiles to the very machine code of the plain top rung (what the
+    bench measures): the variants cost the default call nothing."""
+    import dataclasses
+
+    off = dataclasses.replace(
+        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0}
+    )
+
+    def body(cubin):
+        return [
+            re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip()
+            for ln in sass(cubin).splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)
+        ]
+
+    assert body(compile_rung(off, "sm_90a").cubin) == body(compiled[rungs.TOP.key].cubin)
+
+
+def test_feature_variant_refuses_missing_features():
+    from attnclimb.runtime.launch import feature_variant
+
+    assert feature_variant(rungs.TOP, False, False, False) is rungs.TOP
+    assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
+    with pytest.raises(ValueError, match="causal"):
+        feature_variant(rungs.get(11), True, False, False)

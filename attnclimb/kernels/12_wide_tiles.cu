@@ -25,6 +25,23 @@
 #error "Q_BOX_ROWS and KV_BOX_ROWS must be defined by the host (see attnclimb/rungs.py)"
 #endif
 
+// Compile-time variants of the top rung (issue 8; attnclimb/rungs.py `features`, docs/kernel-abi.md). All
+// 0 is the plain kernel, whose machine code these switches leave unchanged.
+//   CAUSAL     query row i sees keys 0..i (torch's is_causal=True, top-left aligned, any seqlen_q, seqlen_k):
+//              a work tile loads only the K/V tiles up to its last row, only tiles that cross the diagonal
+//              are masked, and the work tiles of a head are walked from the longest (last m-block) down.
+//   GQA        K/V have heads_q / kv_group heads: query head h reads K/V head h / kv_group (no copies).
+//   WRITE_LSE  also write the natural-log log-sum-exp of each row's scaled scores to lse (fp32, B·H·Sq).
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef GQA
+#define GQA 0
+#endif
+#ifndef WRITE_LSE
+#define WRITE_LSE 0
+#endif
+
 constexpr int NUM_WARPS = NUM_THREADS / 32;
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
@@ -68,7 +85,8 @@ static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register cap setmaxnreg needs
     attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
              const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
-             int num_m_blocks, float scale, int num_tiles) {
+             int num_m_blocks, float scale, int num_tiles, int heads_q, int kv_group,
+             float* __restrict__ lse) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + 2 * Q_PANEL;                 // NUM_STAGES K tiles
@@ -83,7 +101,28 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
-    const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    const int num_n_blocks_all = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+
+    // Work tile -> (query head bh, first row m_start, K/V head, K/V tiles to visit). Causal: the last
+    // m-block of a head first (it has the most K/V tiles), and only the keys up to the tile's last row.
+    struct Work {
+        int bh, m_start, bh_kv, num_n;
+    };
+    auto work_of = [&](int work) {
+        Work w;
+        w.bh = work / num_m_blocks;
+        w.m_start = (work % num_m_blocks) * BLOCK_M;
+        w.bh_kv = w.bh;
+        w.num_n = num_n_blocks_all;
+#if CAUSAL
+        w.m_start = (num_m_blocks - 1 - work % num_m_blocks) * BLOCK_M;
+        w.num_n = (min(seqlen_k, w.m_start + BLOCK_M) + BLOCK_N - 1) / BLOCK_N;
+#endif
+#if GQA
+        w.bh_kv = (w.bh / heads_q) * (heads_q / kv_group) + (w.bh % heads_q) / kv_group;
+#endif
+        return w;
+    };
 
     // Thread 0 copies the K (or V) tile nb of head bh into ring slot `slot`, completing on `full`.
     auto load_k = [&](int nb, int slot, int bh) {
@@ -122,7 +161,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V load number `kv` 's slot
             int kv = 0;                           // K/V tiles loaded so far, over all of this CTA's tiles
             for (int work = blockIdx.x, it = 0; work < num_tiles; work += gridDim.x, ++it) {
-                const int bh = work / num_m_blocks, m_start = (work % num_m_blocks) * BLOCK_M;
+                const Work w = work_of(work);
+                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;
                 // The Q buffer is free once every consumer warp's last S of the previous work tile is done.
                 if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);
                 hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
@@ -133,9 +173,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                     // released that one (it completed the empty barrier's previous phase:
                     // ring.prev_phase()). K comes back a whole softmax + P·V earlier than V.
                     if (kv >= NUM_STAGES) hop::mbar_wait(&bar_k_empty[slot], ring.prev_phase());
-                    load_k(nb, slot, bh);
+                    load_k(nb, slot, bh_kv);
                     if (kv >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], ring.prev_phase());
-                    load_v(nb, slot, bh);
+                    load_v(nb, slot, bh_kv);
                     ring.advance(slot);  // the next use of each slot is its next phase
                 }
             }
@@ -178,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
     // Tile nb's masking and online softmax, in place on s (S -> P, fp32); alpha: the rescale factor of O.
-    auto softmax_tile = [&](int n_start, float (&alpha)[2]) {
+    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2]) {
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
@@ -189,6 +229,21 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 }
             }
         }
+#if CAUSAL
+        // ---- causal: key > row gets probability 0; only tiles that cross this warp's diagonal ----
+        // (Key 0 is in every row's first tile, so a row's running max is finite from its first tile on,
+        // and a tile whose keys are all above a row's diagonal gives it P = 0 and alpha = 1.)
+        const int row0 = m_start + cw * WARP_ROWS + g;  // this thread's rows: row0 and row0 + 8
+        if (n_start + BLOCK_N - 1 > m_start + cw * WARP_ROWS) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (n_start + j * 8 + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) s[j][e] = NEG_INF;
+                }
+            }
+        }
+#endif
         // ---- online softmax: new running max, rescale factor, P = 2^(S·c − R), c = scale·log2 e ----
         float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -232,7 +287,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
 
     for (int work = blockIdx.x, it = 0; work < num_tiles; work += gridDim.x, ++it) {
-        const int bh = work / num_m_blocks, m_start = (work % num_m_blocks) * BLOCK_M;
+        const Work w = work_of(work);
+        const int bh = w.bh, m_start = w.m_start, num_n_blocks = w.num_n;
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
@@ -251,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
             float alpha[2];
-            softmax_tile(0, alpha);
+            softmax_tile(0, m_start, alpha);
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
         }
@@ -278,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
 
             float alpha[2];
-            softmax_tile(nb * BLOCK_N, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
+            softmax_tile(nb * BLOCK_N, m_start, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
 
             // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
             hop::wgmma_wait<0>();
@@ -320,6 +376,17 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             const float l = quad_sum(row_sum[r]);
             const float inv_l = l > 0.f ? 1.f / l : 0.f;
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+#if WRITE_LSE
+            // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
+            // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
+            // (mul < c) P is relative to the max itself: LSE = scale·m + ln l, in natural units so that it
+            // stays finite wherever the exact LSE is (m·c could overflow where m·scale does not).
+            if (t == 0 && row < seqlen_q) {
+                const float m = row_max[r], mul = smx::row_multiplier(m, scale_log2);
+                lse[bh * seqlen_q + row] = mul == scale_log2 ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l))
+                                                             : fmaf(m, scale, logf(l));
+            }
+#endif
             if (row < seqlen_q) {
                 bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
 #pragma unroll

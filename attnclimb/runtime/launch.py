@@ -9,6 +9,8 @@ TMA tensor maps (rungs 5+) are built with ``StridedMemoryView.as_tensor_map`` (C
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -285,8 +287,28 @@ class _UnownedBf16:
         }
 
 
-def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
+@functools.cache
+def feature_variant(rung: Rung, causal: bool, gqa: bool, lse: bool) -> Rung:
+    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issue 8), memoised so
+    that each variant is compiled and loaded once. All off returns ``rung`` itself. ``ValueError`` when the
+    rung lacks a requested feature."""
+    want = {"causal": causal, "gqa": gqa, "lse": lse}
+    missing = [f for f, on in want.items() if on and f not in rung.features]
+    if missing:
+        raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
+    if not any(want.values()):
+        return rung
+    defines = {**rung.extra_defines, "CAUSAL": int(causal), "GQA": int(gqa), "WRITE_LSE": int(lse)}
+    return dataclasses.replace(rung, extra_defines=defines)
+
+
+def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None) -> None:
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
+
+    ``causal`` applies torch's ``is_causal=True`` mask (top-left aligned); ``k``/``v`` may have fewer heads
+    than ``q`` (a divisor: grouped-query attention, query head h reads K/V head ``h // (H // H_kv)``);
+    ``lse``, an fp32 ``(B, H, Sq)`` contiguous tensor, receives the natural-log log-sum-exp of each row's
+    scaled scores. These need a rung whose ``features`` include them (the top rung), else ``ValueError``.
 
     ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, 16-byte aligned, on one
     CUDA device, every size >= 1, each tensor under 2^31 elements (:func:`attnclimb.ops.forward` splits
@@ -298,6 +320,9 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
     """
+    gqa = k.shape[1] != q.shape[1]
+    if causal or gqa or lse is not None:
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None)
     dev = q.device.index
     lr = loaded(rung, dev)
     _ensure_context(lr)
@@ -305,6 +330,7 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     bh = b * h
+    bh_kv = b * k.shape[1]
     i32, f32 = np.int32, np.float32
     if rung.abi == "unfused":
         import torch
@@ -359,12 +385,14 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
         return
     if rung.abi == "tma":
         tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
-        tk = _tensor_map_of(k, bh, sk, rung.kv_box_rows, dev)
-        tv = _tensor_map_of(v, bh, sk, rung.kv_box_rows, dev)
+        tk = _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev)
+        tv = _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev)
         args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
             grid = (lr.persistent_grid(grid[0]),)
             args += (i32(m_blocks * bh),)
+        if rung.features:  # heads_q, kv_group, lse (docs/kernel-abi.md, "Top-rung features")
+            args += (i32(h), i32(h // k.shape[1]), 0 if lse is None else lse.data_ptr())
         lr.launch("attn_fwd", grid, lr.block, lr.smem_bytes, stream, *args)
         return
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
