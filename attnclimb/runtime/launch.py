@@ -298,6 +298,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
     """
+    if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
+        raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     dev = q.device.index
     lr = loaded(rung, dev)
     _ensure_context(lr)
