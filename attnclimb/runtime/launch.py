@@ -320,6 +320,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
     """
+    if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
+        raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     gqa = k.shape[1] != q.shape[1]
     if causal or gqa or lse is not None:
         rung = feature_variant(rung, bool(causal), gqa, lse is not None)
