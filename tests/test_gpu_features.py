@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
+from test_gpu import OFFSET_CASES, TOL, make_inputs
 
 from attnclimb import rungs
 from attnclimb.reference import attention_exact, far_offset_inputs, lse_exact, rel_l2
 from attnclimb.runtime.launch import feature_variant, run_rung
-
-from .test_gpu import OFFSET_CASES, TOL, make_inputs
 
 pytestmark = pytest.mark.gpu
 TOP = rungs.TOP
