@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnclimb build | diff | bench | report | figures``."""
+"""Command line: ``python -m attnclimb build | diff | bench | report | figures | trace``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ EPILOG = """examples:
   python -m attnclimb diff 7             what rung 8 adds to rung 7 (its .cu diff and its rungs.py entry)
   python -m attnclimb bench --quick      time the rungs and the peers (needs a Hopper GPU)
   python -m attnclimb report             README table, rung pages and chart from the latest results
-  python -m attnclimb figures            redraw the rung pages' diagrams (docs/figures, no GPU needed)"""
+  python -m attnclimb figures            redraw the rung pages' diagrams (docs/figures, no GPU needed)
+  python -m attnclimb trace 10           measured timeline of rung 10's warpgroups (needs a Hopper GPU)"""
 
 
 def _cmd_build(args) -> int:
@@ -22,6 +23,10 @@ def _cmd_build(args) -> int:
     from .runtime import CompileError, compile_rung
 
     selected = [rungs.get(n) for n in args.rung] if args.rung else list(rungs.RUNGS)
+    if args.trace:  # the TRACE=1 builds of the instrumented rungs (attnclimb/kernels/trace.cuh)
+        from .trace import instrumented, traced
+
+        selected = [traced(r) for r in selected if instrumented(r)]
     rows, failed = [], []
     for r in selected:
         try:
@@ -37,7 +42,7 @@ def _cmd_build(args) -> int:
         for res in c.resources:
             rows.append(
                 (
-                    r.key,
+                    r.key + ("+trace" if args.trace else ""),
                     res.kernel,
                     res.registers,
                     res.static_smem + r.smem_bytes,
@@ -79,6 +84,12 @@ def _cmd_figures(args) -> int:
     from . import figures
 
     return figures.main(args)
+
+
+def _cmd_trace(args) -> int:
+    from . import trace
+
+    return trace.main(args)
 
 
 def _display_path(path: Path) -> str:
@@ -201,7 +212,7 @@ def main(argv=None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures,trace}")
     b = sub.add_parser(
         "build",
         help="compile every rung (no GPU needed) and print their resources",
@@ -216,6 +227,11 @@ def main(argv=None) -> int:
         help="compile again even when the kernel cache holds a cubin (and refresh the cache)",
     )
     b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
+    b.add_argument(
+        "--trace",
+        action="store_true",
+        help="compile the trace builds (TRACE=1) of the instrumented rungs instead (see `trace`)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="print the ptxas log")
     from .bench import report as _report
     from .bench import run as _run
@@ -254,6 +270,15 @@ def main(argv=None) -> int:
             description=_figures.DESCRIPTION,
         )
     )
+    from . import trace as _trace
+
+    _trace.add_arguments(
+        sub.add_parser(
+            "trace",
+            help="measured timeline of a rung's warpgroups: %%globaltimer stamps, Gantt chart (needs a Hopper GPU)",
+            description=_trace.DESCRIPTION,
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 
@@ -263,6 +288,8 @@ def main(argv=None) -> int:
             p.error(f"rung {top} is the top rung: there is no rung above it (try: diff {top - 1} {top})")
         args.upper = args.lower + 1  # the rung above: the one idea it adds
     asked = (args.rung or []) if args.cmd == "build" else [args.lower, args.upper] if args.cmd == "diff" else []
+    if args.cmd == "trace":
+        asked = [args.rung]
     for n in asked:
         if n is not None and n not in rungs.BY_NUMBER:
             p.error(f"unknown rung {n}; available: {min(rungs.BY_NUMBER)}..{top} ({top} is the top rung)")
@@ -272,6 +299,7 @@ def main(argv=None) -> int:
         "report": _cmd_report,
         "diff": _cmd_diff,
         "figures": _cmd_figures,
+        "trace": _cmd_trace,
     }[args.cmd]
     try:
         rc = handler(args)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One device call: build every rung, run the GPU tests, sanitizers and/or the bench, logs under $OUT.
+# One device call: build every rung, run the GPU tests, sanitizers, the bench and/or measured timelines,
+# logs under $OUT.
 # Usage (on the device machine, repo root):
-#   bash scripts/device_job.sh [info] [build] [test FILTER|all] [sanitize "RUNGS"] [bench "ARGS"]
+#   bash scripts/device_job.sh [info] [build] [test FILTER|all] [sanitize "RUNGS"] [bench "ARGS"] [trace "RUNGS"]
+# trace: python -m attnclimb trace for each rung (default 5-12; $TRACE_ARGS is passed on, e.g. "--clock sm"),
+# JSON + SVG + PNG into $OUT/timelines (to be copied into docs/figures/timelines/).
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,6 +23,10 @@ while [ $# -gt 0 ]; do
     bench) shift   # bench "ARGS" (one quoted word, may be empty)
            python3 -m attnclimb bench ${1:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
            cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null;;
+    trace) shift; mkdir -p "$OUT/timelines"
+           for r in ${1:-5 6 7 8 9 10 11 12}; do
+             python3 -m attnclimb trace "$r" --out "$OUT/timelines" ${TRACE_ARGS:-} || echo "trace $r: exit $?"
+           done 2>&1 | tee "$OUT/trace.txt" | tail -60;;
   esac
   shift
 done

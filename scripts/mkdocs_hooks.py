@@ -14,7 +14,7 @@ Instead of copying files into ``docs/`` (two copies that drift) or rewriting the
 * ``on_page_markdown`` rewrites each relative link from "relative to where the file lies in the
   repository" to "relative to where the page lies in the site"; MkDocs then validates it like any other.
 * ``on_config`` builds the navigation from the rung pages themselves (their ``# `` titles, in file order),
-  so a new rung page appears without editing ``mkdocs.yml``.
+  then the other top-level pages of ``docs/`` by title, so a new page appears without editing ``mkdocs.yml``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,13 @@ def on_config(config):
     for page in rung_pages:
         first = page.read_text(encoding="utf-8").splitlines()[0]
         rungs.append({first.lstrip("# ").strip().replace("`", ""): f"rungs/{page.name}"})
-    config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}]
+    # Every other top-level page (the drop-in guide, the capstone, ...) by its title, in file order.
+    guides = []
+    for page in sorted(Path(config.docs_dir).glob("*.md")):
+        if page.name not in ("index.md", "kernel-abi.md"):
+            first = page.read_text(encoding="utf-8").splitlines()[0]
+            guides.append({first.lstrip("# ").strip().replace("`", ""): page.name})
+    config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}, *guides]
     return config
 
 

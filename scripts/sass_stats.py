@@ -6,26 +6,24 @@ that a pure refactor leaves the machine code alone (``--hash`` prints a digest o
 
 import argparse
 import collections
-import hashlib
 import re
 
 from attnclimb import rungs
 from attnclimb.runtime import compile_rung
-from attnclimb.runtime.sass import sass
+from attnclimb.runtime.sass import sass, sass_body, sass_digest
 
 OPS = ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "FSEL", "FSETP", "HMMA", "HGMMA", "SHFL", "BRA", "LDL", "STL")
 
 
 def stats(rung):
-    text = sass(compile_rung(rung).cubin)
-    body = [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    cubin = compile_rung(rung).cubin
+    body = sass_body(sass(cubin))
     ops = collections.Counter()
     for ln in body:
         m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", ln)
         if m:
             ops[m.group(1)] += 1
-    code = "\n".join(re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip() for ln in body)
-    return len(body), ops, hashlib.sha256(code.encode()).hexdigest()[:12]
+    return len(body), ops, sass_digest(cubin)
 
 
 def main():

@@ -768,6 +768,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     )
     monkeypatch.setattr(run, "gpu_clocks", lambda: None)
     monkeypatch.setattr(timing, "median_ms", lambda fn, w, r: (fn(), 1.5)[1])
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)  # not thousands of tiny ones
     tiny = [
         shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True),
         shapes.Shape("fa-8k", "8k", 1, 2, 80, 80, headline=True),
@@ -776,6 +777,25 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     fakes = _fake_impls(torch)
     monkeypatch.setattr(run.peers_mod, "select_impls", lambda r, i: fakes)
     monkeypatch.setattr(run, "run_bench", functools.partial(run.run_bench, progress=_Quiet(), device="cpu"))
+    # the drop-in rows: fakes for the top rung, cuDNN and FA4 on two tiny shapes; host overhead on the CPU
+    from attnclimb.bench import dropin
+
+    monkeypatch.setattr(shapes, "BSHD_VIEW_SHAPES", (shapes.Shape("t-v", "v", 1, 2, 32, 32),))
+    monkeypatch.setattr(dropin, "bshd_view_impls", lambda: [fakes[0], fakes[5], fakes[6]])
+    out_host = torch.zeros(1, 1, 128, 128, dtype=torch.bfloat16)
+
+    def host_fakes(with_op=False):
+        def make(q, k, v):
+            out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16()
+            out_host.copy_(out)
+            return lambda: out_host
+
+        return [dropin.HostCall(key, key, f"{key}()", make) for key in ("attnclimb_sdpa", "sdpa_cudnn")]
+
+    monkeypatch.setattr(dropin, "host_calls", host_fakes)
+    monkeypatch.setattr(
+        dropin, "run_host_overhead", functools.partial(dropin.run_host_overhead, device="cpu", progress=_Quiet())
+    )
     from attnclimb.__main__ import main
 
     rc = main(["bench", "--out", str(tmp_path)])
@@ -794,16 +814,36 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     except ImportError:
         pass
     out = capsys.readouterr().out.rstrip("\n").splitlines()
-    assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # the table and its notes come last
+    # the tables come last: the main one and its notes, then the BSHD-view and host-overhead tables
+    main_end = out.index("  rung11 at 4k, 8k: skipped: not installed here")
+    assert out[main_end + 1] == "" and out[main_end + 2].startswith("BSHD views (goal ≤ 1.02x)")
+    assert out[-2].startswith("attnclimb_sdpa ") and out[-1].startswith("sdpa_cudnn ") and out[-1].endswith(" 1.00x")
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
     assert any(line.startswith("07 good") and "(1.00x / 1.00x)" in line for line in out)
-    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 2
+    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 3
     assert all(len(r["rounds_ms"]) == 3 for r in doc["rows"] if r["status"] == "ok")
+    bshd = {r["impl"]: r for r in doc["bshd_view"]["rows"]}
+    assert list(bshd) == ["rung07", "sdpa_cudnn", "fa4"] and {r["shape"] for r in bshd.values()} == {"t-v"}
+    assert all(r["status"] == "ok" and r["ratio"] == 1.0 for r in bshd.values())  # the fake timer says 1.5 ms
+    assert doc["bshd_view"]["settings"]["rounds"] == 3 and "elapsed_s" in doc["bshd_view"]["settings"]
+    host = doc["host_overhead"]
+    assert [r["key"] for r in host["rows"]] == ["attnclimb_sdpa", "sdpa_cudnn"]
+    assert all(r["status"] == "ok" and r["us_per_call"] > 0 for r in host["rows"])
+    assert host["rows"][1]["ratio_to_cudnn"] == 1.0
+    assert (host["settings"]["calls"], host["settings"]["reps"], host["settings"]["rounds"]) == (2000, 5, 3)
 
-    assert main(["bench", "--out", str(tmp_path / "two"), "--rounds", "2", "--no-chart"]) == 1
+    assert main(["bench", "--out", str(tmp_path / "two"), "--rounds", "2", "--no-chart", "--quick"]) == 1
     doc = json.loads((tmp_path / "two" / "latest.json").read_text())
     assert doc["settings"]["rounds"] == 2
     assert {len(r["rounds_ms"]) for r in doc["rows"] if r["status"] == "ok"} == {2}
+    assert {len(r["view_rounds_ms"]) for r in doc["bshd_view"]["rows"]} == {2}
+    assert (doc["host_overhead"]["settings"]["calls"], doc["host_overhead"]["settings"]["reps"]) == (1000, 3)
+    capsys.readouterr()
+    assert main(["bench", "--out", str(tmp_path / "three"), "--no-chart", "--no-dropin-rows"]) == 1
+    doc = json.loads((tmp_path / "three" / "latest.json").read_text())
+    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 3
+    out = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # without them, the main table is last
     capsys.readouterr()
     assert main(["bench", "--out", str(tmp_path / "zero"), "--rounds", "0"]) == 2
     assert "--rounds must be >= 1" in capsys.readouterr().err and not (tmp_path / "zero").exists()

@@ -8,8 +8,10 @@ Each implementation is an :class:`Impl` with a uniform protocol so the runner tr
 * ``call(prepared)`` -> output: the timed work;
 * ``to_bhsd(output)`` -> ``(batch, heads, seqlen_q, head_dim)`` tensor for the correctness check.
 
-Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors. torch and the peers
-are imported lazily so this module imports on machines without them.
+Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors; ``native_layout``
+says which shape ``call`` takes (``"bhsd"``, or ``"bshd"`` for FA4), for the BSHD-view rows
+(:mod:`attnclimb.bench.dropin`). torch and the peers are imported lazily so this module imports on
+machines without them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Impl:
     label: str
     kind: str  # "rung" | "peer"
     max_bench_seqlen: int | None = None
+    # the shape call() takes: "bhsd" = (batch, heads, seqlen, head_dim), "bshd" = (batch, seqlen, heads, head_dim)
+    native_layout: ClassVar[str] = "bhsd"
 
     def available(self) -> tuple:
         return True, ""
@@ -134,6 +138,8 @@ class Fa4Impl(Impl):
 
     ``prepare`` makes the ``(batch, seqlen, heads, head_dim)`` contiguous copies outside the timed region.
     """
+
+    native_layout: ClassVar[str] = "bshd"
 
     def __init__(self):
         super().__init__(key="fa4", label=PEER_LABELS["fa4"], kind="peer")

@@ -1,7 +1,9 @@
 """``python -m attnclimb report [json]``: the README results table and the ladder chart, from a results JSON.
 
 Nothing here needs torch or a GPU. The README table lives between ``<!-- results:begin -->`` and
-``<!-- results:end -->``; only the text between the two markers is replaced.
+``<!-- results:end -->``; only the text between the two markers is replaced. Results that carry the
+drop-in sections (schema 3, :mod:`attnclimb.bench.dropin`) get two more small tables after the main one,
+BSHD views and host overhead; results without them render as they always did.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 from . import paths
+from .dropin import BSHD_SECTION, HOST_SECTION
 from .peers import FA4_KEY, PEER_KEYS, PEER_LABELS, REFERENCE_KEY
 from .shapes import HEAD_DIM, HEADLINE_SEQLENS, SHAPE_NOTES, shape_detail
 
@@ -36,6 +40,21 @@ def load_results(path) -> dict:
             raise ValueError(f"{path}: row {i} is malformed: {r!r:.200}")
     if not isinstance(doc.get("shapes", []), list):
         raise ValueError(f"{path}: 'shapes' must be a list")
+    for name, label, numbers in (
+        (BSHD_SECTION, "impl", ("contiguous_ms", "view_ms", "ratio")),
+        (HOST_SECTION, "key", ("us_per_call",)),
+    ):
+        sec = doc.get(name)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict) or not isinstance(sec.get("rows"), list):
+            raise ValueError(f"{path}: '{name}' must be an object with a 'rows' list")
+        for i, r in enumerate(sec["rows"]):
+            ok = isinstance(r, dict) and all(isinstance(r.get(f), str) for f in (label, "status"))
+            if ok and r["status"] == "ok":
+                ok = all(isinstance(r.get(f), (int, float)) for f in numbers)
+            if not ok:
+                raise ValueError(f"{path}: {name} row {i} is malformed: {r!r:.200}")
     return doc
 
 
@@ -180,9 +199,143 @@ def _timing_phrase(doc: dict) -> str:
     return f"; median over {n} interleaved rounds" if isinstance(n, int) and n > 1 else ""
 
 
+# ------------------------------------------------------------------------------- the drop-in sections
+
+
+def _section_rounds(sec: dict) -> str:
+    n = (sec.get("settings") or {}).get("rounds")
+    return f"; median over {n} interleaved rounds" if isinstance(n, int) and n > 1 else ""
+
+
+def _cell_for(status: str) -> str:
+    return "—" if status.startswith("skipped") else "error"
+
+
+def bshd_view_model(doc: dict, times: str = "×", code: str = "`") -> tuple | None:
+    """``(intro, header, body, footnotes)`` of the BSHD-view table, ``None`` when the results have no
+    :data:`~attnclimb.bench.dropin.BSHD_SECTION`. One row per implementation and shape: contiguous ms,
+    BSHD-view ms and their ratio (``"1.070×"``); ``—``/``error`` cells and a footnote for the others."""
+    sec = doc.get(BSHD_SECTION)
+    if not sec:
+        return None
+    shapes = {s["name"]: s for s in sec.get("shapes", [])}
+
+    def shape_cell(name):
+        s = shapes.get(name)
+        if s is None:
+            return name
+        d = shape_detail(
+            s["batch"], s["heads"], s["seqlen_q"], s["seqlen_k"], s.get("heads_kv"), s.get("head_dim", HEAD_DIM)
+        )
+        return f"{s.get('label', name)} ({d})"
+
+    goal = sec.get("goal_max_ratio")
+    intro = (
+        f"BSHD views{f' (goal ≤ {goal:.2f}{times})' if isinstance(goal, (int, float)) else ''}: median time of one "
+        f"call on q, k, v held as (B, S, H, D)-contiguous tensors and passed as {code}.transpose(1, 2){code} views "
+        f"(what the call does with a view, e.g. a copy, is timed) against the call on (B, H, S, D)-contiguous "
+        f"tensors{_section_rounds(sec)}."
+    )
+    if any(r.get("native_layout") == "bshd" for r in sec["rows"]):
+        natives = ", ".join(dict.fromkeys(r["label"] for r in sec["rows"] if r.get("native_layout") == "bshd"))
+        intro += (
+            f" {natives} takes (B, S, H, D) natively: its view call is its ordinary call, and its contiguous call "
+            f"gets {code}.transpose(1, 2){code} of the (B, H, S, D) tensors."
+        )
+    header = ["impl", "shape", "contiguous (ms)", "BSHD view (ms)", "view / contiguous"]
+    body, notes = [], {}
+    for r in sec["rows"]:
+        cells = [r.get("label") or r["impl"], shape_cell(r["shape"])]
+        if r["status"] == "ok":
+            cells += [f"{r['contiguous_ms']:.3f}", f"{r['view_ms']:.3f}", f"{r['ratio']:.3f}{times}"]
+        else:
+            cells += [_cell_for(r["status"])] * 3
+            notes.setdefault((r["impl"], r["status"]), []).append(cells[1].split(" (")[0])
+        body.append(cells)
+    foot = [f"{impl} at {', '.join(labs)}: {st}" for (impl, st), labs in notes.items()]
+    return intro, header, body, foot
+
+
+def host_overhead_model(doc: dict, times: str = "×", code: str = "`") -> tuple | None:
+    """``(intro, header, body, footnotes)`` of the host-overhead table, ``None`` when the results have no
+    :data:`~attnclimb.bench.dropin.HOST_SECTION`. One row per call path: µs per call and the ratio to SDPA
+    cuDNN (``"1.43×"``)."""
+    sec = doc.get(HOST_SECTION)
+    if not sec:
+        return None
+    st = sec.get("settings") or {}
+    sh = sec.get("shape") or {}
+    dims = ", ".join(str(sh.get(k, "?")) for k in ("batch", "heads", "seqlen_q", "head_dim"))
+    goal = sec.get("goal_max_ratio")
+    ref = PEER_LABELS.get(sec.get("reference", REFERENCE_KEY), sec.get("reference", REFERENCE_KEY))
+    intro = (
+        "Host overhead"
+        + (f" (goal ≤ {goal:.2f}{times} {ref})" if isinstance(goal, (int, float)) else "")
+        + f": wall-clock µs per call on a ({dims}) {sh.get('dtype', 'bfloat16').replace('bfloat16', 'bf16')} "
+        "problem, whose kernel takes a few µs, so that the host sets the pace: "
+        f"{st.get('calls', '?')} back-to-back calls between two torch.cuda.synchronize after "
+        f"{st.get('warmup_calls', '?')} warm-up calls, median of {st.get('reps', '?')} repetitions"
+        f"{_section_rounds(sec)}."
+    )
+    header = ["call", "µs per call", f"{times} {ref}"]
+    body, foot = [], []
+    for r in sec["rows"]:
+        label = f"{code}{r['label']}{code}" if r["key"].startswith("attnclimb") else r["label"]
+        if r["status"] == "ok":
+            rt = r.get("ratio_to_cudnn")
+            body.append([label, f"{r['us_per_call']:.1f}", f"{rt:.2f}{times}" if rt is not None else "—"])
+        else:
+            body.append([label, _cell_for(r["status"]), _cell_for(r["status"])])
+            foot.append(f"{r['key']}: {r['status']}")
+    return intro, header, body, foot
+
+
+def _markdown_rows(header: list, body: list, left: int = 1) -> list:
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join([":---"] * left + ["---:"] * (len(header) - left)) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return lines
+
+
+def _plain_rows(header: list, body: list, left: int = 1) -> list:
+    rows = [header] + body
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+
+    def fmt(r):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in body]
+
+
+def section_markdown(doc: dict) -> list:
+    """The markdown lines of the drop-in tables (BSHD views, then host overhead); ``[]`` without them."""
+    lines = []
+    for model, left in ((bshd_view_model(doc), 2), (host_overhead_model(doc), 1)):
+        if model is None:
+            continue
+        intro, header, body, foot = model
+        title, _, rest = intro.partition(": ")
+        lines += ["", f"**{title}**: {rest}", ""] + _markdown_rows(header, body, left)
+        if foot:
+            lines += [""] + [f"- {f}" for f in foot]
+    return lines
+
+
+def section_console(doc: dict) -> list:
+    """The plain-text lines of the drop-in tables for a terminal (``x`` for ratios, the text wrapped at 110
+    columns); ``[]`` without them."""
+    lines = []
+    for model, left in ((bshd_view_model(doc, "x", ""), 2), (host_overhead_model(doc, "x", ""), 1)):
+        if model is None:
+            continue
+        intro, header, body, foot = model
+        lines += ["", *textwrap.wrap(intro, 110)] + _plain_rows(header, body, left) + [f"  {f}" for f in foot]
+    return lines
+
+
 def markdown_table(doc: dict, source: str | None = None) -> str:
     """The README block: caption, a markdown table (TFLOP/s and ×cuDNN, ×FA4 when present, per column),
-    then the footnotes."""
+    then the footnotes, then the drop-in tables when the results have them (:func:`section_markdown`)."""
     header, body, foot = table_model(doc)
     ref = _ratio_legend(doc)
     shape_notes = "".join(f" {lab}: {SHAPE_NOTES[n]}." for n, lab in _columns(doc) if n in SHAPE_NOTES)
@@ -200,6 +353,7 @@ def markdown_table(doc: dict, source: str | None = None) -> str:
     if foot:
         lines.append("")
         lines += [f"- {f}" for f in foot]
+    lines += section_markdown(doc)
     lines.append("")
     lines.append(
         f"<sub>Generated by `python -m attnclimb report{(' ' + source) if source else ''}`; do not edit by hand.</sub>"
@@ -208,7 +362,8 @@ def markdown_table(doc: dict, source: str | None = None) -> str:
 
 
 def console_table(doc: dict) -> str:
-    """The same table as plain aligned text for a terminal (``x`` for the cuDNN ratio), caption first."""
+    """The same table as plain aligned text for a terminal (``x`` for the cuDNN ratio), caption first, then
+    the drop-in tables when the results have them (:func:`section_console`)."""
     header, body, foot = table_model(doc, times="x")
     rows = [header] + body
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -220,6 +375,7 @@ def console_table(doc: dict) -> str:
     out = [caption(doc), unit, fmt(header), "  ".join("-" * w for w in widths)]
     out += [fmt(r) for r in body]
     out += [f"  {f}" for f in foot]
+    out += section_console(doc)
     return "\n".join(out)
 
 
@@ -486,6 +642,8 @@ def main(args) -> int:
             why = f"{readme} has no {MARK_BEGIN} ... {MARK_END} markers"
         print(f"{why}; the table:\n")
         print(block)
+    if status is not None and section_console(doc):  # the printed block above has them already
+        print("\n".join(section_console(doc)[1:]))
     if readme is not None and default_readme is not None and readme.resolve() == default_readme.resolve():
         from .. import rungs
 

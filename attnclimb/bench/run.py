@@ -7,9 +7,11 @@ rounds (default 3): every round times each of them once (a median over ~``rep_ms
 order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
 so that no implementation always runs right after the same heavy neighbour or at the same point of
 the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
-the per-round values (in round order). Rows, environment and settings go to
+the per-round values (in round order). Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped
+with ``--no-dropin-rows``): a BSHD-view call against the contiguous call, and the host overhead per call,
+each in a top-level section of its own. Rows, sections, environment and settings go to
 ``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``;
-the table is printed last.
+the tables are printed last.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ DESCRIPTION = (
     "Hopper GPU."
 )
 REPO_ROOT = paths.REPO_ROOT
-SCHEMA_VERSION = 2  # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds
+# 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds. 3: the top-level sections "bshd_view" and
+# "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows).
+SCHEMA_VERSION = 3
 ROW_FIELDS = (
     "impl",
     "label",
@@ -140,27 +144,42 @@ def fill_ratios(rows: list) -> list:
     return rows
 
 
-def build_results(env: dict, rows: list, shapes: list, settings: dict | None = None, notes: list | None = None) -> dict:
-    """The JSON document: environment fields at top level, then ``settings``, ``shapes``, ``notes``, ``rows``."""
+def shape_entry(s) -> dict:
+    """A :class:`~attnclimb.bench.shapes.Shape` as the JSON's ``shapes`` list holds it."""
+    return {
+        "name": s.name,
+        "label": s.label,
+        "batch": s.batch,
+        "heads": s.heads,
+        "seqlen_q": s.seqlen_q,
+        "seqlen_k": s.seqlen_k,
+        "head_dim": s.head_dim,
+        "causal": s.causal,
+        "headline": s.headline,
+    }
+
+
+def build_results(
+    env: dict,
+    rows: list,
+    shapes: list,
+    settings: dict | None = None,
+    notes: list | None = None,
+    sections: dict | None = None,
+) -> dict:
+    """The JSON document: environment fields at top level, then ``settings``, ``shapes``, ``notes``, ``rows``,
+    then each of ``sections`` (``{name: section}``, e.g. :data:`attnclimb.bench.dropin.BSHD_SECTION`) under
+    its name."""
     doc = {"schema": SCHEMA_VERSION}
     doc.update(env)
     doc["settings"] = settings or {}
-    doc["shapes"] = [
-        {
-            "name": s.name,
-            "label": s.label,
-            "batch": s.batch,
-            "heads": s.heads,
-            "seqlen_q": s.seqlen_q,
-            "seqlen_k": s.seqlen_k,
-            "head_dim": s.head_dim,
-            "causal": s.causal,
-            "headline": s.headline,
-        }
-        for s in shapes
-    ]
+    doc["shapes"] = [shape_entry(s) for s in shapes]
     doc["notes"] = list(notes or [])
     doc["rows"] = fill_ratios(rows)
+    for name, section in (sections or {}).items():
+        if name in doc:
+            raise ValueError(f"section name {name!r} collides with a top-level field")
+        doc[name] = section
     return doc
 
 
@@ -648,10 +667,17 @@ def add_arguments(p) -> None:
         action="store_true",
         help="ignore each rung's max_bench_seqlen (slow rungs run the big shapes too)",
     )
+    p.add_argument(
+        "--no-dropin-rows",
+        action="store_true",
+        help="skip the drop-in rows: the top rung, SDPA cuDNN and FA4 on BSHD views against contiguous inputs "
+        "(Wan2.1-1.3B and 4k), and the host overhead per call on a tiny shape (about 12 s on an H200)",
+    )
 
 
 def main(args) -> int:
-    """Run the ``bench`` subcommand. Exit 0 when every row is ok/skipped, 1 on any error row, 2 without Hopper."""
+    """Run the ``bench`` subcommand. Exit 0 when every row (drop-in rows included) is ok/skipped, 1 on any
+    error row, 2 without Hopper."""
     why = hopper_status()
     if why is not None:
         print(f"attnclimb bench: no Hopper GPU (sm_90: H100/H200) available: {' '.join(why.split())}", file=sys.stderr)
@@ -678,12 +704,21 @@ def main(args) -> int:
     started = datetime.now(timezone.utc)
     env = collect_env(started)
     rows, notes, settings = run_bench(impls, shapes, warmup, rep, respect_limits=not args.no_limits, rounds=rounds)
+    sections = {}
+    if not args.no_dropin_rows:
+        if any(n.startswith("CUDA context lost") for n in notes):
+            notes.append("drop-in rows left out: the CUDA context was lost")
+        else:
+            from . import dropin
+
+            sections, more = dropin.run_sections(warmup, rep, rounds, quick=args.quick)
+            notes += more
     env["gpu_clocks"]["end"] = gpu_clocks()
     settings["elapsed_s"] = round(time.monotonic() - t0, 1)
     for key, field in ((peers_mod.REFERENCE_KEY, "ratio_to_cudnn"), (peers_mod.FA4_KEY, "ratio_to_fa4")):
         if not any(i.key == key for i in impls):
             notes.append(f"{key} not selected: {field} is empty")
-    doc = build_results(env, rows, shapes, settings, notes)
+    doc = build_results(env, rows, shapes, settings, notes, sections)
     stamped, latest = write_results(doc, out_dir, started)
 
     from . import report
@@ -697,4 +732,6 @@ def main(args) -> int:
     print(f"{settings['elapsed_s']:.0f} s; README table: python -m attnclimb report {stamped}")
     print()
     print(report.console_table(doc))
-    return 1 if any(r["status"].startswith("error:") for r in rows) else 0
+    from .dropin import section_errors
+
+    return 1 if any(r["status"].startswith("error:") for r in rows) or section_errors(doc) else 0

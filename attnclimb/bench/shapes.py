@@ -191,6 +191,11 @@ SHAPE_NOTES = {
     WAN14B_SHAPE.name: "the 14B model's self-attention over 81 frames at 1280×720 (21 × 45 × 80 = 75600 tokens)",
     WAN_CROSS_SHAPE.name: "its cross-attention from those 75600 video tokens to the 512 umT5 text tokens",
 }
+# The drop-in rows (issue 9, attnclimb/bench/dropin.py): a BSHD-view call against the contiguous call on
+# the Wan2.1-1.3B shape and the 4k FA shape, and the host overhead per call on a tiny problem whose kernel
+# takes a few microseconds, so that the host sets the pace.
+BSHD_VIEW_SHAPES = (WAN_SHAPE, fa_shape(4096))
+HOST_OVERHEAD_SHAPE = Shape(name="tiny-1x1x128", label="(1, 1, 128, 128)", batch=1, heads=1, seqlen_q=128, seqlen_k=128)
 NAMED_SHAPES = {WAN_KEY: WAN_SHAPE, WAN14B_KEY: WAN14B_SHAPE, WAN_CROSS_KEY: WAN_CROSS_SHAPE}  # column order
 _ALIASES = {
     WAN_KEY: (WAN_KEY, "wan1.3b", "wan2.1", WAN_SHAPE.name),

@@ -2,13 +2,15 @@
 reference check.
 
 All functions here need a CUDA device except :func:`num_input_sets`, :func:`rotating`,
-:func:`round_order`, :func:`median_of_rounds` and the reference helpers (which work on CPU tensors too).
+:func:`round_order`, :func:`median_of_rounds`, :func:`wall_us_per_call` given a ``sync`` and the
+reference helpers (which work on CPU tensors too).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 
 from ..reference import rel_l2  # one definition of the error metric, shared with the tests
 
@@ -90,6 +92,38 @@ def median_of_rounds(round_medians) -> float:
     if not vals:
         raise ValueError("no rounds")
     return statistics.median(vals)
+
+
+def wall_us_per_call(fn, calls: int = 2000, reps: int = 5, warmup_calls: int = 200, sync=None, clock=None) -> float:
+    """Host time of one ``fn()`` call in microseconds: wall clock over ``calls`` back-to-back calls.
+
+    ``warmup_calls`` untimed calls and a ``sync()`` first; then ``reps`` times: read ``clock()``, make
+    ``calls`` calls, ``sync()``, read ``clock()`` again. No CUDA events and no synchronisation between
+    calls, so on a problem whose kernel takes a few microseconds the host's work per call sets the pace
+    (the kernels queue behind it). Returns the median over the repetitions of (elapsed / ``calls``).
+
+    Args:
+        sync: called at the ends only; default ``torch.cuda.synchronize`` (a seam for the CPU tests).
+        clock: seconds as a float; default ``time.perf_counter`` (a seam for the CPU tests).
+    """
+    if calls < 1 or reps < 1 or warmup_calls < 0:
+        raise ValueError(f"need calls >= 1, reps >= 1, warmup_calls >= 0; got {calls}, {reps}, {warmup_calls}")
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    clock = time.perf_counter if clock is None else clock
+    for _ in range(warmup_calls):
+        fn()
+    sync()
+    per_call = []
+    for _ in range(reps):
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((clock() - t0) / calls * 1e6)
+    return statistics.median(per_call)
 
 
 def _have_triton_do_bench():

@@ -46,8 +46,15 @@ ROLE = {
 }
 
 # The phases of a warpgroup's timeline (schematic figures of rungs 8-9 and the measured Gantt charts).
-PHASE_COLOURS = {"wait": "#D9D9D9", "S": SKY, "softmax": YELLOW, "PV": GREEN, "epilogue": PURPLE}
-PHASE_LABELS = {"wait": "wait", "S": "S = Q·Kᵀ", "softmax": "softmax", "PV": "O += P·V", "epilogue": "epilogue"}
+PHASE_COLOURS = {"wait": "#D9D9D9", "S": SKY, "softmax": YELLOW, "PV": GREEN, "epilogue": PURPLE, "tma": VERMILLION}
+PHASE_LABELS = {
+    "wait": "wait",
+    "S": "S = Q·Kᵀ",
+    "softmax": "softmax",
+    "PV": "O += P·V",
+    "epilogue": "epilogue",
+    "tma": "TMA issue",
+}
 
 FONT = "DejaVu Sans"
 MONO = "DejaVu Sans Mono"

@@ -1,16 +1,23 @@
-"""Gantt charts of measured per-warpgroup phases (the future ``trace`` command's output).
+"""Gantt charts of measured per-warpgroup phases (what ``python -m attnclimb trace`` writes; see
+:mod:`attnclimb.trace`).
 
 Input, as a dict or a JSON file::
 
     {"rung": N,
      "ctas": [{"cta": i, "sm": s,
-               "warpgroups": [{"wg": w,
-                               "events": [{"phase": "wait|S|softmax|PV|epilogue", "t0": ns, "t1": ns}, ...]},
+               "warpgroups": [{"wg": w, "role": "producer",
+                               "events": [{"phase": "wait|S|softmax|PV|epilogue|tma", "t0": ns, "t1": ns},
+                                          ...]},
                               ...]},
               ...]}
 
-Times are nanoseconds (``%globaltimer``); the chart starts at the earliest ``t0`` of all CTAs and draws
-one lane per (CTA, warpgroup), phases coloured as in the schematic figures of rungs 8 and 9.
+Times are nanoseconds (``%globaltimer``), or SM cycles when ``"unit": "cycles"`` (``%clock64``); the chart
+starts at the earliest ``t0`` of all CTAs and draws one lane per (CTA, warpgroup), phases coloured as in
+the schematic figures of rungs 8 and 9. ``sm`` and
+``role`` are optional (shown in the lane's label when present); other keys (the trace command adds
+``what`` to events, ``shape``, ``device`` ...) are ignored here. A TMA issue takes a few hundred
+nanoseconds, too short to see at the scale of a whole CTA, so ``tma`` events are drawn at least
+:data:`MIN_TMA_WIDTH` of the time axis wide.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PHASES = ("wait", "S", "softmax", "PV", "epilogue")
+PHASES = ("wait", "S", "softmax", "PV", "epilogue", "tma")
+MIN_TMA_WIDTH = 0.002  # of the time axis
 
 
 def load_trace(source) -> dict:
@@ -54,8 +62,9 @@ def draw_timeline(source, path, *, title: str | None = None) -> Path:
     lanes = []  # (label, events), top to bottom
     for c in sorted(doc["ctas"], key=lambda c: c["cta"]):
         for wg in sorted(c["warpgroups"], key=lambda w: w["wg"]):
-            sm = f", SM {c['sm']}" if "sm" in c else ""
-            lanes.append((f"CTA {c['cta']}{sm} · WG {wg['wg']}", wg["events"]))
+            sm = f", SM {c['sm']}" if c.get("sm") is not None else ""
+            role = f" ({wg['role']})" if wg.get("role") else ""
+            lanes.append((f"CTA {c['cta']}{sm} · WG {wg['wg']}{role}", wg["events"]))
     times = [t for _, evs in lanes for e in evs for t in (e["t0"], e["t1"])]
     origin = min(times) if times else 0
     span_us = ((max(times) - origin) / 1000.0) if times else 1.0
@@ -66,7 +75,10 @@ def draw_timeline(source, path, *, title: str | None = None) -> Path:
         for y, (_, events) in enumerate(lanes):
             by_phase: dict = {}
             for e in events:
-                by_phase.setdefault(e["phase"], []).append(((e["t0"] - origin) / 1000.0, (e["t1"] - e["t0"]) / 1000.0))
+                width = (e["t1"] - e["t0"]) / 1000.0
+                if e["phase"] == "tma":
+                    width = max(width, MIN_TMA_WIDTH * span_us)
+                by_phase.setdefault(e["phase"], []).append(((e["t0"] - origin) / 1000.0, width))
             for phase in PHASES:
                 if phase in by_phase:
                     hatch = "////" if phase == "wait" else None
@@ -81,7 +93,10 @@ def draw_timeline(source, path, *, title: str | None = None) -> Path:
         ax.set_yticks(range(len(lanes)), [name for name, _ in lanes], fontsize=7)
         ax.set_ylim(len(lanes) - 0.5, -0.5)
         ax.set_xlim(0, span_us * 1.01 if span_us > 0 else 1)
-        ax.set_xlabel("time since the first event (µs, %globaltimer)")
+        if doc.get("unit", "ns") == "ns":
+            ax.set_xlabel("time since the first event (µs, %globaltimer)")
+        else:  # SM cycles (%clock64): every CTA starts at its own first event
+            ax.set_xlabel("thousands of SM cycles since the CTA's first event (%clock64)")
         ax.grid(axis="x", alpha=0.3)
         handles = [
             plt.Rectangle((0, 0), 1, 1, fc=PHASE_COLOURS[p], ec="#555555", hatch="////" if p == "wait" else None)

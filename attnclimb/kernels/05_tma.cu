@@ -31,6 +31,7 @@
 #include "hopper.cuh"
 #include "mma_sync.cuh"
 #include "softmax.cuh"
+#include "trace.cuh"
 
 #ifndef NUM_STAGES
 #error "NUM_STAGES must be defined by the host (see attnclimb/rungs.py)"
@@ -146,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
+    TRACE_INIT();
     const int bh = blockIdx.x / num_m_blocks;
     const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
 
@@ -156,12 +158,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     // barriers so S = Q·Kᵀ can start before V has landed.
     auto load_kv = [&](int nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(TMA_KV);
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_KV);
     };
 
     // Prologue: barriers (one arrival each: thread 0's arrive.expect_tx), then Q and K/V tiles
@@ -179,14 +183,18 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
     }
     __syncthreads();
     if (tid == 0) {
+        TRACE_BEGIN(TMA_Q);
         hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
         hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+        TRACE_END(TMA_Q);
         for (int nb = 0; nb < NUM_STAGES - 1 && nb < num_n_blocks; ++nb) load_kv(nb);
     }
     __syncwarp();
 
     // Q stays in shared memory; the warps read their A fragments from there at every k-step.
+    TRACE_BEGIN(WAIT_Q);
     hop::mbar_wait(&bar_q, 0);
+    TRACE_END(WAIT_Q);
     const uint32_t q_base =
         a_lane_base(smem_addr(s_q) + warp * WARP_ROWS * ROW_BYTES, lane);  // warp's 32 rows
 
@@ -226,7 +234,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
         // Those reads are generic-proxy accesses and the TMA write is an async-proxy one: the barrier
         // orders them within the generic proxy only, so thread 0 also issues a proxy fence between
         // the two (PTX ISA "Memory Consistency Model: Proxies", fence.proxy.async).
+        TRACE_BEGIN(WAIT_CTA);
         __syncthreads();
+        TRACE_END(WAIT_CTA);
         if (tid == 0 && (nb + NUM_STAGES - 1) * BLOCK_N < seqlen_k) {
             hop::fence_proxy_async();
             load_kv(nb + NUM_STAGES - 1);
@@ -243,7 +253,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
 #pragma unroll
             for (int j = 0; j < S_TILES; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
         }
+        TRACE_BEGIN(WAIT_K);
         hop::mbar_wait(&bar_k[slot], ring.phase);
+        TRACE_END(WAIT_K);
+        TRACE_BEGIN(S);
 #pragma unroll
         for (int d = 0; d < D_STEPS; ++d) {
             uint32_t q_frag[M_TILES][4];
@@ -262,7 +275,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
             }
         }
 
+        TRACE_END(S);
+
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        TRACE_BEGIN(SOFTMAX);
         // Key n_start + 8j + 2t + (e & 1) is masked when it is >= seqlen_k, i.e. 8j + (e & 1) >= kv_limit -
         // n_start.
         if (n_start + BLOCK_N > seqlen_k) {
@@ -330,7 +346,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
             for (int kv = 0; kv < KV_STEPS; ++kv)
                 pack_p_fragment(p_frag[mt][kv], s[mt][2 * kv], s[mt][2 * kv + 1]);
         }
+        TRACE_END(SOFTMAX);
+        TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[slot], ring.phase);
+        TRACE_END(WAIT_V);
+        TRACE_BEGIN(PV);
 #pragma unroll
         for (int j = 0; j < O_TILES; j += 2) {
 #pragma unroll
@@ -344,10 +364,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
                 }
             }
         }
+        TRACE_END(PV);
         ring.advance(slot);  // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+    TRACE_BEGIN(EPILOGUE);
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -365,4 +387,5 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
             }
         }
     }
+    TRACE_END(EPILOGUE);
 }

@@ -27,6 +27,7 @@
 
 #include "abi.cuh"
 #include "softmax.cuh"
+#include "trace.cuh"
 #include "wgmma_attn.cuh"
 
 #ifndef NUM_STAGES
@@ -92,6 +93,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    TRACE_INIT();
     const int bh = blockIdx.x / num_m_blocks;
     const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
 
@@ -100,15 +102,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // Thread 0 copies the K (or V) tile nb into ring slot nb % NUM_STAGES, completing on `full`.
     auto load_k = [&](int nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(TMA_K);
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_K);
     };
     auto load_v = [&](int nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(TMA_V);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_V);
     };
 
     // Barriers: full ones take one arrival (the producer's arrive.expect_tx) plus the bytes; empty ones
@@ -132,17 +138,23 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // ---------------- producer ----------------
         hop::setmaxnreg_dec<PRODUCER_REGS>();  // executed by all 4 warps of the warpgroup
         if (tid == 0) {
+            TRACE_BEGIN(TMA_Q);
             hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
             hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+            TRACE_END(TMA_Q);
             hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
             for (int nb = 0; nb < num_n_blocks; ++nb) {
                 const int slot = nb % NUM_STAGES;
                 // Tile nb reuses the slot of tile nb − NUM_STAGES: wait until every consumer warp has
                 // released that one (it completed the empty barrier's previous phase: ring.prev_phase()).
                 // K comes back a whole softmax + P·V earlier than V.
+                TRACE_BEGIN(WAIT_K_EMPTY);
                 if (nb >= NUM_STAGES) hop::mbar_wait(&bar_k_empty[slot], ring.prev_phase());
+                TRACE_END(WAIT_K_EMPTY);
                 load_k(nb);
+                TRACE_BEGIN(WAIT_V_EMPTY);
                 if (nb >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], ring.prev_phase());
+                TRACE_END(WAIT_V_EMPTY);
                 load_v(nb);
                 ring.advance(slot);  // the next use of each slot is its next phase
             }
@@ -156,7 +168,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // Q stays in shared memory: the wgmmas read it from there, every tile. Consumer warpgroup cw/4
     // issues them for its 64 rows.
+    TRACE_BEGIN(WAIT_Q);
     hop::mbar_wait(&bar_q, 0);
+    TRACE_END(WAIT_Q);
     const uint32_t q_rows = smem_addr(s_q) + (cw / 4) * WARPGROUP_ROWS * ROW_BYTES;
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
@@ -187,7 +201,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         const uint32_t s_vt = smem_addr(s_v + slot * KV_TILE_BYTES);
 
         // ---- S = Q·Kᵀ (64 x BLOCK_N per warpgroup), fp32 in registers ----
+        TRACE_BEGIN(WAIT_K);
         hop::mbar_wait(&bar_k[slot], ring.phase);
+        TRACE_END(WAIT_K);
+        TRACE_BEGIN(S);
         hop::reg_fence(s);
         if (negate)  // warp-uniform: a kernel argument
             gemm_qk<-1, BLOCK_N>(s, q_rows, Q_PANEL, s_kt, KV_PANEL);
@@ -195,8 +212,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             gemm_qk<1, BLOCK_N>(s, q_rows, Q_PANEL, s_kt, KV_PANEL);
         hop::reg_fence(s);                                    // no read of S above the wgmma wait
         if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
+        TRACE_END(S);
 
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
+        TRACE_BEGIN(SOFTMAX);
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
             for (int j = 0; j < S_TILES; ++j) {
@@ -248,16 +267,22 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         uint32_t p_frag[KV_STEPS][4];
 #pragma unroll
         for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[kv], s[2 * kv], s[2 * kv + 1]);
+        TRACE_END(SOFTMAX);
+        TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[slot], ring.phase);
+        TRACE_END(WAIT_V);
+        TRACE_BEGIN(PV);
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);  // the rescale above happens before the wgmmas, not during them
         gemm_pv<BLOCK_N>(o_acc, p_frag, s_vt, KV_PANEL);
         hop::reg_fence(o_acc);
+        TRACE_END(PV);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[slot]);  // ... nor V_nb
         ring.advance(slot);                                   // the next use of each slot is its next phase
     }
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+    TRACE_BEGIN(EPILOGUE);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(row_sum[r]);
@@ -272,4 +297,5 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
         }
     }
+    TRACE_END(EPILOGUE);
 }

@@ -23,6 +23,7 @@
 
 #include "abi.cuh"
 #include "softmax.cuh"
+#include "trace.cuh"
 #include "wgmma_attn.cuh"
 
 #ifndef NUM_STAGES
@@ -88,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    TRACE_INIT();
     const int bh = blockIdx.x / num_m_blocks;
     const int m_start = (blockIdx.x % num_m_blocks) * BLOCK_M;
 
@@ -96,15 +98,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // Thread 0 copies the K (or V) tile nb into ring slot nb % NUM_STAGES, completing on `full`.
     auto load_k = [&](int nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(TMA_K);
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_K);
     };
     auto load_v = [&](int nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(TMA_V);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_V);
     };
 
     // Barriers: full ones take one arrival (the producer's arrive.expect_tx) plus the bytes; empty ones
@@ -128,17 +134,23 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // ---------------- producer ----------------
         hop::setmaxnreg_dec<PRODUCER_REGS>();  // executed by all 4 warps of the warpgroup
         if (tid == 0) {
+            TRACE_BEGIN(TMA_Q);
             hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
             hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+            TRACE_END(TMA_Q);
             hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
             for (int nb = 0; nb < num_n_blocks; ++nb) {
                 const int slot = nb % NUM_STAGES;
                 // Tile nb reuses the slot of tile nb − NUM_STAGES: wait until every consumer warp has
                 // released that one (it completed the empty barrier's previous phase: ring.prev_phase()).
                 // K comes back a whole softmax + P·V earlier than V.
+                TRACE_BEGIN(WAIT_K_EMPTY);
                 if (nb >= NUM_STAGES) hop::mbar_wait(&bar_k_empty[slot], ring.prev_phase());
+                TRACE_END(WAIT_K_EMPTY);
                 load_k(nb);
+                TRACE_BEGIN(WAIT_V_EMPTY);
                 if (nb >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], ring.prev_phase());
+                TRACE_END(WAIT_V_EMPTY);
                 load_v(nb);
                 ring.advance(slot);  // the next use of each slot is its next phase
             }
@@ -152,7 +164,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // Q stays in shared memory: the wgmmas read it from there, every tile. Consumer warpgroup cw/4
     // issues them for its 64 rows.
+    TRACE_BEGIN(WAIT_Q);
     hop::mbar_wait(&bar_q, 0);
+    TRACE_END(WAIT_Q);
     const int wg = cw / 4;  // consumer warpgroup 0 or 1
     const uint32_t q_rows = smem_addr(s_q) + wg * WARPGROUP_ROWS * ROW_BYTES;
 
@@ -238,17 +252,25 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     uint32_t p_frag[KV_STEPS][4];         // P of the previous tile, the A operand of its P·V (in flight)
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of tile nb's slot
     {
+        TRACE_BEGIN(WAIT_K);
         hop::mbar_wait(&bar_k[0], ring.phase);
+        TRACE_END(WAIT_K);
+        TRACE_BEGIN(WAIT_TURN);
         hop::named_bar_sync(my_turn, TURN_THREADS);
+        TRACE_END(WAIT_TURN);
+        TRACE_BEGIN(S);
         issue_qk(0);
         hop::named_bar_arrive(other_turn, TURN_THREADS);
         hop::wgmma_wait<0>();
         hop::reg_fence(s);                                 // no read of S above the wgmma wait
         if (lane == 0) hop::mbar_arrive(&bar_k_empty[0]);  // this warp's wgmmas no longer read K_0
+        TRACE_END(S);
+        TRACE_BEGIN(SOFTMAX);
         float alpha[2];
         softmax_tile(0, alpha);
 #pragma unroll
         for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[kv], s[2 * kv], s[2 * kv + 1]);
+        TRACE_END(SOFTMAX);
     }
     int pv_slot = 0;  // ring slot and phase parity of the previous tile's V
     uint32_t pv_phase = ring.phase;
@@ -259,10 +281,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // for P·V, rescales O and packs P_nb for the next iteration (FlashAttention-3 Sec. 3.2).
     for (int nb = 1; nb < num_n_blocks; ++nb) {
         const int slot = nb % NUM_STAGES;
+        TRACE_BEGIN(WAIT_K);
         hop::mbar_wait(&bar_k[slot], ring.phase);
+        TRACE_END(WAIT_K);
+        TRACE_BEGIN(WAIT_TURN);
         hop::named_bar_sync(my_turn, TURN_THREADS);
+        TRACE_END(WAIT_TURN);
+        TRACE_BEGIN(S);
         issue_qk(slot);
+        TRACE_END(S);
+        TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
+        TRACE_END(WAIT_V);
+        TRACE_BEGIN(S);
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
         gemm_pv_async<BLOCK_N>(o_acc, p_frag, smem_addr(s_v + pv_slot * KV_TILE_BYTES), KV_PANEL);
@@ -270,15 +301,21 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::wgmma_wait<1>();                                 // the older group, S, is complete
         hop::reg_fence(s);                                    // no read of S above the wgmma wait
         if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
+        TRACE_END(S);
 
+        TRACE_BEGIN(SOFTMAX);
         float alpha[2];
         softmax_tile(nb * BLOCK_N, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
+        TRACE_END(SOFTMAX);
 
         // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
+        TRACE_BEGIN(PV);
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         hop::reg_fence(p_frag);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
+        TRACE_END(PV);
+        TRACE_BEGIN(SOFTMAX);
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) {
             o_acc[j][0] *= alpha[0];
@@ -288,14 +325,20 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
 #pragma unroll
         for (int kv = 0; kv < KV_STEPS; ++kv) pack_p_fragment(p_frag[kv], s[2 * kv], s[2 * kv + 1]);
+        TRACE_END(SOFTMAX);
         pv_slot = slot;
         pv_phase = ring.phase;
         ring.advance(slot);  // the next use of each slot is its next phase
     }
 
     // ---- the last tile's O += P·V ----
+    TRACE_BEGIN(WAIT_V);
     hop::mbar_wait(&bar_v[pv_slot], pv_phase);
+    TRACE_END(WAIT_V);
+    TRACE_BEGIN(WAIT_TURN);
     hop::named_bar_sync(my_turn, TURN_THREADS);
+    TRACE_END(WAIT_TURN);
+    TRACE_BEGIN(PV);
     hop::reg_fence(p_frag);
     hop::reg_fence(o_acc);
     gemm_pv_async<BLOCK_N>(o_acc, p_frag, smem_addr(s_v + pv_slot * KV_TILE_BYTES), KV_PANEL);
@@ -303,8 +346,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     hop::wgmma_wait<0>();
     hop::reg_fence(o_acc);
     if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
+    TRACE_END(PV);
 
     // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+    TRACE_BEGIN(EPILOGUE);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(row_sum[r]);
@@ -319,4 +364,5 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
         }
     }
+    TRACE_END(EPILOGUE);
 }

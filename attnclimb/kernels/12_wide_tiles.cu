@@ -16,6 +16,7 @@
 
 #include "abi.cuh"
 #include "softmax.cuh"
+#include "trace.cuh"
 #include "wgmma_attn.cuh"
 
 #ifndef NUM_STAGES
@@ -100,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    TRACE_INIT();
 
     const int num_n_blocks_all = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
 
@@ -126,14 +128,18 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // Thread 0 copies the K (or V) tile nb of head bh into ring slot `slot`, completing on `full`.
     auto load_k = [&](int nb, int slot, int bh) {
+        TRACE_BEGIN(TMA_K);
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_K);
     };
     auto load_v = [&](int nb, int slot, int bh) {
+        TRACE_BEGIN(TMA_V);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+        TRACE_END(TMA_V);
     };
 
     // Barriers: full ones take one arrival (the producer's arrive.expect_tx) plus the bytes; empty ones
@@ -164,17 +170,25 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 const Work w = work_of(work);
                 const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;
                 // The Q buffer is free once every consumer warp's last S of the previous work tile is done.
+                TRACE_BEGIN(WAIT_Q_EMPTY);
                 if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);
+                TRACE_END(WAIT_Q_EMPTY);
+                TRACE_BEGIN(TMA_Q);
                 hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
                 hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+                TRACE_END(TMA_Q);
                 for (int nb = 0; nb < num_n_blocks; ++nb, ++kv) {
                     const int slot = kv % NUM_STAGES;
                     // Load kv reuses the slot of load kv − NUM_STAGES: wait until every consumer warp has
                     // released that one (it completed the empty barrier's previous phase:
                     // ring.prev_phase()). K comes back a whole softmax + P·V earlier than V.
+                    TRACE_BEGIN(WAIT_K_EMPTY);
                     if (kv >= NUM_STAGES) hop::mbar_wait(&bar_k_empty[slot], ring.prev_phase());
+                    TRACE_END(WAIT_K_EMPTY);
                     load_k(nb, slot, bh_kv);
+                    TRACE_BEGIN(WAIT_V_EMPTY);
                     if (kv >= NUM_STAGES) hop::mbar_wait(&bar_v_empty[slot], ring.prev_phase());
+                    TRACE_END(WAIT_V_EMPTY);
                     load_v(nb, slot, bh_kv);
                     ring.advance(slot);  // the next use of each slot is its next phase
                 }
@@ -293,23 +307,33 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
         row_err[0] = row_err[1] = row_sum[0] = row_sum[1] = 0.f;
+        TRACE_BEGIN(WAIT_Q);
         hop::mbar_wait(&bar_q, it & 1);  // this work tile's Q has landed
+        TRACE_END(WAIT_Q);
 
         // Tile 0 (peeled, so that the loop below has one shape of wgmma groups for ptxas to track): S, its
         // softmax, P into p_frag. O is still 0: no rescale.
         int slot = kv % NUM_STAGES;
         {
+            TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
+            TRACE_END(WAIT_K);
+            TRACE_BEGIN(WAIT_TURN);
             hop::named_bar_sync(my_turn, TURN_THREADS);
+            TRACE_END(WAIT_TURN);
+            TRACE_BEGIN(S);
             issue_qk(slot);
             hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<0>();
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
+            TRACE_END(S);
+            TRACE_BEGIN(SOFTMAX);
             float alpha[2];
             softmax_tile(0, m_start, alpha);
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            TRACE_END(SOFTMAX);
         }
         int pv_slot = slot;  // ring slot and phase parity of the previous tile's V
         uint32_t pv_phase = ring.phase;
@@ -321,10 +345,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // for P·V, rescales O and packs P_nb for the next iteration (FlashAttention-3 Sec. 3.2).
         for (int nb = 1; nb < num_n_blocks; ++nb, ++kv) {
             slot = kv % NUM_STAGES;
+            TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
+            TRACE_END(WAIT_K);
+            TRACE_BEGIN(WAIT_TURN);
             hop::named_bar_sync(my_turn, TURN_THREADS);
+            TRACE_END(WAIT_TURN);
+            TRACE_BEGIN(S);
             issue_qk(slot);
+            TRACE_END(S);
+            TRACE_BEGIN(WAIT_V);
             hop::mbar_wait(&bar_v[pv_slot], pv_phase);
+            TRACE_END(WAIT_V);
+            TRACE_BEGIN(S);
             hop::reg_fence(p_frag);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
             gemm_pv_async<BLOCK_N>(o_acc, p_frag, smem_addr(s_v + pv_slot * KV_TILE_BYTES), KV_PANEL);
@@ -332,15 +365,21 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
+            TRACE_END(S);
 
+            TRACE_BEGIN(SOFTMAX);
             float alpha[2];
             softmax_tile(nb * BLOCK_N, m_start, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
+            TRACE_END(SOFTMAX);
 
             // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
+            TRACE_BEGIN(PV);
             hop::wgmma_wait<0>();
             hop::reg_fence(o_acc);
             hop::reg_fence(p_frag);
             if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
+            TRACE_END(PV);
+            TRACE_BEGIN(SOFTMAX);
 #pragma unroll
             for (int j = 0; j < O_TILES; ++j) {
                 o_acc[j][0] *= alpha[0];
@@ -350,6 +389,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            TRACE_END(SOFTMAX);
             pv_slot = slot;
             pv_phase = ring.phase;
             ring.advance(slot);  // the next use of each slot is its next phase
@@ -359,8 +399,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         if (lane == 0) hop::mbar_arrive(&bar_q_empty);
 
         // ---- the last tile's O += P·V ----
+        TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
+        TRACE_END(WAIT_V);
+        TRACE_BEGIN(WAIT_TURN);
         hop::named_bar_sync(my_turn, TURN_THREADS);
+        TRACE_END(WAIT_TURN);
+        TRACE_BEGIN(PV);
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
         gemm_pv_async<BLOCK_N>(o_acc, p_frag, smem_addr(s_v + pv_slot * KV_TILE_BYTES), KV_PANEL);
@@ -369,8 +414,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
+        TRACE_END(PV);
 
         // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+        TRACE_BEGIN(EPILOGUE);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
@@ -396,5 +443,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 }
             }
         }
+        TRACE_END(EPILOGUE);
     }
 }

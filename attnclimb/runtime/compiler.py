@@ -186,6 +186,29 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged entry is rebuilt below
 
+    cubin, text, seconds = _nvrtc(rung, rung.source.read_text(), arch)
+    try:
+        _atomic_write(cubin_path, cubin)
+        meta = {"log": text, "compile_seconds": seconds, "options": _options(rung, arch)}
+        _atomic_write(meta_path, json.dumps(meta).encode())
+    except OSError as exc:  # an unwritable cache costs a recompile next time, never the result
+        warnings.warn(f"attnclimb: cannot write the kernel cache in {cubin_path.parent}: {exc}", stacklevel=2)
+    return CompiledRung(rung, arch, cubin, text, _resources(text, cubin), seconds, False, cubin_path)
+
+
+def compile_source(rung: Rung, source: str, arch: str = "sm_90a") -> CompiledRung:
+    """Compile ``source`` (a variant of ``rung``'s ``.cu`` text) exactly as :func:`compile_rung` compiles
+    ``rung.source``: the same options, macros, include path and program name; never cached.
+
+    For checks that compare two versions of a kernel, e.g. that an untraced build is the source without
+    its ``TRACE_*`` lines (``tests/test_trace_cpu.py``). ``path`` of the result is ``rung.source``.
+    """
+    cubin, text, seconds = _nvrtc(rung, source, arch)
+    return CompiledRung(rung, arch, cubin, text, _resources(text, cubin), seconds, False, rung.source)
+
+
+def _nvrtc(rung: Rung, source: str, arch: str) -> tuple:
+    """``(cubin, log, seconds)`` of one NVRTC compile of ``source`` with ``rung``'s options."""
     from cuda.core import Program, ProgramOptions
 
     opts = _options(rung, arch)
@@ -201,16 +224,8 @@ def compile_rung(rung: Rung, arch: str = "sm_90a", use_cache: bool = True) -> Co
     log = io.StringIO()
     t0 = time.perf_counter()
     try:
-        prog = Program(rung.source.read_text(), "c++", popts)
+        prog = Program(source, "c++", popts)
         obj = prog.compile("cubin", logs=log)
     except Exception as exc:  # cuda.core raises its own error type with NVRTC's log in the message
         raise CompileError(f"NVRTC failed to compile {rung.source} for {arch}:\n{exc}\n{log.getvalue()}") from None
-    seconds = time.perf_counter() - t0
-    cubin = bytes(obj.code)
-    text = log.getvalue()
-    try:
-        _atomic_write(cubin_path, cubin)
-        _atomic_write(meta_path, json.dumps({"log": text, "compile_seconds": seconds, "options": opts}).encode())
-    except OSError as exc:  # an unwritable cache costs a recompile next time, never the result
-        warnings.warn(f"attnclimb: cannot write the kernel cache in {cubin_path.parent}: {exc}", stacklevel=2)
-    return CompiledRung(rung, arch, cubin, text, _resources(text, cubin), seconds, False, cubin_path)
+    return bytes(obj.code), log.getvalue(), time.perf_counter() - t0

@@ -76,3 +76,49 @@ def resource_usage(cubin: bytes) -> tuple:
             out.append(Resources(name, reg, max(shared - 1024, 0), stack, local, 0))
             name = None
     return tuple(out)
+
+
+def sass_body(text: str) -> list:
+    """The instruction lines of ``cuobjdump -sass`` output (those that start with an address comment)."""
+    import re
+
+    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+
+
+def sass_digest(cubin: bytes) -> str:
+    """A 12-hex-digit digest of the instructions of ``cubin`` (mnemonics, operands, branch targets; not
+    the addresses nor the encodings' scheduling bits): what ``scripts/sass_stats.py --hash`` prints.
+    Needs cuobjdump (:func:`sass`)."""
+    import hashlib
+    import re
+
+    body = sass_body(sass(cubin))
+    code = "\n".join(re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip() for ln in body)
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
+
+
+def code_sections(cubin: bytes) -> dict:
+    """``{section name: bytes}`` of the machine code in a cubin (its ``.text.<kernel>`` ELF sections),
+    control bits included: two builds whose sections are equal run the same instructions with the same
+    scheduling. Reads the ELF64 section headers itself (no cuobjdump needed); ``ValueError`` for
+    anything that is not a little-endian ELF64 file."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise ValueError("not a little-endian ELF64 cubin")
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def header(i):
+        name, _type, _flags, _addr, offset, size = struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize)
+        return name, offset, size
+
+    _, str_off, str_size = header(shstrndx)
+    names = cubin[str_off : str_off + str_size]
+    out = {}
+    for i in range(shnum):
+        name_off, offset, size = header(i)
+        name = names[name_off : names.index(b"\0", name_off)].decode()
+        if name.startswith(".text."):
+            out[name] = bytes(cubin[offset : offset + size])
+    return out
