@@ -94,7 +94,13 @@ def on_config(config):
     for page in rung_pages:
         first = page.read_text(encoding="utf-8").splitlines()[0]
         rungs.append({first.lstrip("# ").strip().replace("`", ""): f"rungs/{page.name}"})
-    config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}]
+    config.nav = [
+        {"The climb": "index.md"},
+        {"Rungs": rungs},
+        {"The kernel contract": "kernel-abi.md"},
+        {"Drop-in use": "dropin.md"},
+        {"The capstone: a video DiT": "capstone.md"},
+    ]
     return config
 
 
