@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
         "--preset", choices=sorted(PRESETS), default="default", help="model and clip size (tiny: a CPU test)"
     )
     t.add_argument("--batch", type=int, default=None, help="clips per step (default: the preset's)")
-    t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
+    t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default: %(default)s)")
     t.add_argument("--seed", type=int, default=0, help="seed of the initial weights, clips and noise (default: 0)")
     t.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     t.add_argument("--fp32-weights", action="store_true", help="save fp32 weights instead of bf16")

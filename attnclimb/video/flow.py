@@ -27,8 +27,8 @@ def to_pixels(x):
 
 
 def sample_times(batch: int, generator=None, device="cpu"):
-    """``(batch,)`` times in ``(0, 1)``, logit-normal(0, 1)."""
-    return torch.sigmoid(torch.randn(batch, generator=generator)).to(device)
+    """``(batch,)`` times in ``(0, 1)``, logit-normal(0, 1), drawn on ``device`` (``generator``'s)."""
+    return torch.sigmoid(torch.randn(batch, generator=generator, device=device))
 
 
 def flow_loss(model, x0, noise, t, attention=None):

@@ -28,7 +28,7 @@ FORMAT_VERSION = "1"
 @dataclass
 class TrainSettings:
     batch: int = 32
-    lr: float = 3e-4
+    lr: float = 5e-4
     warmup: int = 200
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -69,8 +69,8 @@ def train(
     """Train ``model`` in place with AdamW on the rectified-flow loss, and keep an EMA copy.
 
     Each step renders ``settings.batch`` new clips (:func:`batch_seeds`) on ``device`` and draws noise
-    and times from a generator seeded per step, so a run is reproducible up to the GPU's own
-    nondeterminism. ``fixed_batch=True`` uses step 0's clips, noise and times at every step (the test
+    and times there from a generator seeded per step, so a run is reproducible on one kind of device up
+    to the GPU's own nondeterminism. ``fixed_batch=True`` uses step 0's clips, noise and times at every step (the test
     that the optimisation works). Mixed precision: bf16 autocast on CUDA, fp32 elsewhere. Stops after
     ``settings.steps`` steps or ``settings.minutes`` minutes, whichever comes first (at least one step).
     """
@@ -88,8 +88,8 @@ def train(
     while True:
         k = 0 if fixed_batch else step
         x0 = to_model_range(generate_batch(batch_seeds(settings, k), spec, device))
-        g = torch.Generator().manual_seed(settings.seed * 7919 + k)
-        noise = torch.randn(x0.shape, generator=g).to(device)
+        g = torch.Generator(device=device).manual_seed(settings.seed * 7919 + k)  # drawn where it is used
+        noise = torch.randn(x0.shape, generator=g, device=device)
         t = sample_times(x0.shape[0], g, device)
         for group in opt.param_groups:
             group["lr"] = _lr(settings, step)
