@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnclimb build | diff | bench | report | figures | trace``."""
+"""Command line: ``python -m attnclimb build | diff | bench | report | figures | trace | capstone | video``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ EPILOG = """examples:
   python -m attnclimb bench --quick      time the rungs and the peers (needs a Hopper GPU)
   python -m attnclimb report             README table, rung pages and chart from the latest results
   python -m attnclimb figures            redraw the rung pages' diagrams (docs/figures, no GPU needed)
-  python -m attnclimb trace 10           measured timeline of rung 10's warpgroups (needs a Hopper GPU)"""
+  python -m attnclimb trace 10           measured timeline of rung 10's warpgroups (needs a Hopper GPU)
+  python -m attnclimb capstone           one Wan2.1 denoising step per attention route (diffusers)
+  python -m attnclimb video sample       sample videos with attnclimb and with SDPA from the same noise"""
 
 
 def _cmd_build(args) -> int:
@@ -90,6 +92,18 @@ def _cmd_trace(args) -> int:
     from . import trace
 
     return trace.main(args)
+
+
+def _cmd_capstone(args) -> int:
+    from . import capstone
+
+    return capstone.main(args)
+
+
+def _cmd_video(args) -> int:
+    from .video import cli
+
+    return cli.main(args)
 
 
 def _display_path(path: Path) -> str:
@@ -212,7 +226,7 @@ def main(argv=None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures,trace}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures,trace,capstone,video}")
     b = sub.add_parser(
         "build",
         help="compile every rung (no GPU needed) and print their resources",
@@ -279,6 +293,24 @@ def main(argv=None) -> int:
             description=_trace.DESCRIPTION,
         )
     )
+    from . import capstone as _capstone
+
+    _capstone.add_arguments(
+        sub.add_parser(
+            "capstone",
+            help="time a Wan2.1 denoising step per attention route (diffusers; --config tiny on a CPU)",
+            description=_capstone.DESCRIPTION,
+        )
+    )
+    from .video import cli as _video
+
+    _video.add_arguments(
+        sub.add_parser(
+            "video",
+            help="train a small video DiT on generated clips, sample with attnclimb and SDPA (MP4, GIF, PNG)",
+            description=_video.DESCRIPTION,
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 
@@ -300,6 +332,8 @@ def main(argv=None) -> int:
         "diff": _cmd_diff,
         "figures": _cmd_figures,
         "trace": _cmd_trace,
+        "capstone": _cmd_capstone,
+        "video": _cmd_video,
     }[args.cmd]
     try:
         rc = handler(args)

@@ -95,24 +95,12 @@ def _add_enum_member(enum_cls, name: str, value: str):
     return member
 
 
-def register_diffusers_backend(*, strict: bool = False):
-    """Make ``"attnclimb"`` a diffusers attention backend (idempotent; call it again to change ``strict``).
-
-    Afterwards ``model.set_attention_backend("attnclimb")`` (or diffusers' ``attention_backend("attnclimb")``
-    context manager) makes the model's attention call :func:`attnclimb.scaled_dot_product_attention` on
-    transposed views of the BSHD tensors diffusers passes, falling back to torch's SDPA (one warning per
-    reason) for masks, other dtypes or head dims, CPU tensors and the like.
-
-    Args:
-        strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
-
-    Returns:
-        The new ``AttentionBackendName`` member.
+def _dispatcher():
+    """diffusers' ``attention_dispatch`` module, checked to have the enum and the registry this module uses.
 
     Raises:
-        ImportError: diffusers is not installed (``pip install attnclimb[video]``) or too old to have an
-            attention dispatcher (before 0.35).
-        RuntimeError: this diffusers' dispatcher does not look like the one this was written against.
+        ImportError: diffusers is missing or has no dispatcher (before 0.35).
+        RuntimeError: the dispatcher does not look like the one this was written against.
     """
     try:
         from diffusers.models import attention_dispatch as ad
@@ -135,8 +123,43 @@ def register_diffusers_backend(*, strict: bool = False):
             "diffusers' attention dispatcher (AttentionBackendName, _AttentionBackendRegistry.register) is not "
             "what attnclimb expects; use attnclimb.patch_sdpa() around the model on the 'native' backend instead"
         )
+    return ad
+
+
+def register_backend_function(name: str, fn):
+    """Register ``fn`` as the diffusers attention backend ``name`` (idempotent per name; a second call
+    replaces the function). ``fn`` takes diffusers' backend arguments (``query``, ``key``, ``value`` as
+    ``(B, S, H, E)``, ``attn_mask``, ``dropout_p``, ``is_causal``, ``scale``, ``enable_gqa``,
+    ``return_lse``, ``_parallel_config``) and returns ``(B, Sq, H, Ev)``.
+
+    :func:`register_diffusers_backend` uses it for ``"attnclimb"``; ``python -m attnclimb capstone`` for the
+    routes it compares (FlashAttention-4, an attention-free stand-in). Returns the enum member.
+    """
+    ad = _dispatcher()
     with _lock:
-        member = _add_enum_member(enum_cls, BACKEND_NAME.upper(), BACKEND_NAME)
+        member = _add_enum_member(ad.AttentionBackendName, name.upper(), name)
         # No context-parallel support (0.42's default; 0.35's register has no such argument).
-        registry.register(member, constraints=[])(_backend(strict))
+        ad._AttentionBackendRegistry.register(member, constraints=[])(fn)
     return member
+
+
+def register_diffusers_backend(*, strict: bool = False):
+    """Make ``"attnclimb"`` a diffusers attention backend (idempotent; call it again to change ``strict``).
+
+    Afterwards ``model.set_attention_backend("attnclimb")`` (or diffusers' ``attention_backend("attnclimb")``
+    context manager) makes the model's attention call :func:`attnclimb.scaled_dot_product_attention` on
+    transposed views of the BSHD tensors diffusers passes, falling back to torch's SDPA (one warning per
+    reason) for masks, other dtypes or head dims, CPU tensors and the like.
+
+    Args:
+        strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
+
+    Returns:
+        The new ``AttentionBackendName`` member.
+
+    Raises:
+        ImportError: diffusers is not installed (``pip install attnclimb[video]``) or too old to have an
+            attention dispatcher (before 0.35).
+        RuntimeError: this diffusers' dispatcher does not look like the one this was written against.
+    """
+    return register_backend_function(BACKEND_NAME, _backend(strict))
