@@ -40,10 +40,10 @@ class Rung:
         persistent: the grid is ``min(#tiles, #SMs x resident CTAs per SM)`` CTAs that loop over the
             ``num_m_blocks * batch * heads`` work tiles, which the kernel receives as a last argument
             ``num_tiles`` (``docs/kernel-abi.md``); otherwise one CTA per work tile.
-        features: the compile-time variants the kernel has (issue 8): ``"causal"``, ``"gqa"``, ``"lse"``
-            (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``); such a kernel takes three more arguments,
-            ``heads_q``, ``kv_group`` and ``lse`` (``docs/kernel-abi.md``). The top rung has them; the lower
-            rungs are left as they are.
+        features: the compile-time variants the kernel has (issues 8 and 9): ``"causal"``, ``"gqa"``,
+            ``"lse"``, ``"strided"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``); such a kernel takes
+            six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
+            (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
     """
 
     number: int
@@ -324,7 +324,7 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=176,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
         persistent=True,
-        features=("causal", "gqa", "lse"),
+        features=("causal", "gqa", "lse", "strided"),
     ),
 )
 

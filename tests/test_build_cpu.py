@@ -189,16 +189,16 @@ def test_shared_memory_has_one_source_of_truth():
         compile_rung(wrong)
 
 
-FEATURE_COMBOS = [(c, g, w) for c in (0, 1) for g in (0, 1) for w in (0, 1) if c or g or w]
+FEATURE_COMBOS = [(c, g, w, st) for c in (0, 1) for g in (0, 1) for w in (0, 1) for st in (0, 1) if c or g or w or st]
 
 
-@pytest.mark.parametrize(("causal", "gqa", "lse"), FEATURE_COMBOS)
-def test_top_rung_feature_variants_compile(causal, gqa, lse):
-    """Each compile-time variant of the top rung (issue 8) builds for sm_90a without spills or local memory
-    and keeps the rung's Hopper instructions."""
+@pytest.mark.parametrize(("causal", "gqa", "lse", "strided"), FEATURE_COMBOS)
+def test_top_rung_feature_variants_compile(causal, gqa, lse, strided):
+    """Each compile-time variant of the top rung (issues 8 and 9) builds for sm_90a without spills or local
+    memory and keeps the rung's Hopper instructions."""
     from attnclimb.runtime.launch import feature_variant
 
-    c = compile_rung(feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse)), "sm_90a")
+    c = compile_rung(feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided)), "sm_90a")
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     if find_cuobjdump() is not None:
@@ -210,12 +210,12 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse):
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
-    """CAUSAL=GQA=WRITE_LSE=0 spelled out compiles to the very machine code of the plain top rung (what the
+    """CAUSAL=GQA=WRITE_LSE=STRIDED=0 spelled out compiles to the very machine code of the plain top rung (what the
     bench measures): the variants cost the default call nothing."""
     import dataclasses
 
     off = dataclasses.replace(
-        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0}
+        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0}
     )
 
     def body(cubin):

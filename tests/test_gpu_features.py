@@ -119,3 +119,46 @@ def test_causal_gqa_lse_combined():
 def test_plain_variant_is_the_rung_itself():
     """All features off is the top rung as benchmarked, not a recompiled copy."""
     assert feature_variant(TOP, False, False, False) is TOP
+
+
+def _bshd(b, h, s, g):
+    """A (B, H, S, 128) view of a (B, S, H, 128)-contiguous bf16 buffer (what diffusers and flash-attn pass)."""
+    return torch.randn(b, s, h, 128, generator=g, device="cuda").to(torch.bfloat16).transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_kv", [4, 1])
+def test_strided_bshd_views_in_place(causal, heads_kv):
+    """Issue 9's zero-copy path: BSHD views of Q, K, V read through 4-D tensor maps and O written into a
+    BSHD view through its strides; the buffer around O is untouched."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, h, sq, sk = 2, 4, 777, 1000
+    q, k, v = _bshd(b, h, sq, g), _bshd(b, heads_kv, sk, g), _bshd(b, heads_kv, sk, g)
+    o_buf = torch.full((b, sq, h + 1, 128), float("nan"), device="cuda", dtype=torch.bfloat16)  # a spare head
+    o = o_buf[:, :, :h].transpose(1, 2)
+    sc = 1 / math.sqrt(128)
+    run_rung(TOP, q, k, v, o, sc, causal=causal)
+    torch.cuda.synchronize()
+    assert not q.is_contiguous() and not o.is_contiguous()
+    assert torch.isnan(o_buf[:, :, h]).all(), "the kernel wrote outside O's view"
+    assert not torch.isnan(o).any()
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+
+
+def test_strided_fused_qkv_slices():
+    """Q, K, V as thirds of one fused (B, S, 3, H, 128) projection buffer: row stride 3·H·128."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    b, s, h = 2, 600, 4
+    qkv = torch.randn(b, s, 3, h, 128, generator=g, device="cuda").to(torch.bfloat16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    o = torch.full((b, h, s, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_rung(TOP, q, k, v, o, 1 / math.sqrt(128))
+    torch.cuda.synchronize()
+    assert rel_l2(o, attention_exact(q, k, v)) <= TOL
+
+
+def test_strided_refuses_what_tma_cannot_read():
+    q = torch.zeros(1, 2, 64, 130, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 260 bytes
+    o = torch.empty(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="TMA"):
+        run_rung(TOP, q, q, q, o, 1.0)

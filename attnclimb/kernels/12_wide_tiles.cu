@@ -33,6 +33,8 @@
 //              are masked, and the work tiles of a head are walked from the longest (last m-block) down.
 //   GQA        K/V have heads_q / kv_group heads: query head h reads K/V head h / kv_group (no copies).
 //   WRITE_LSE  also write the natural-log log-sum-exp of each row's scaled scores to lse (fp32, B·H·Sq).
+//   STRIDED    Q, K, V through 4-D tensor maps over their own strides (batch, heads, seqlen, 128) and O
+//              written through o_stride_*: BSHD views and fused-QKV slices are read and written in place.
 #ifndef CAUSAL
 #define CAUSAL 0
 #endif
@@ -41,6 +43,9 @@
 #endif
 #ifndef WRITE_LSE
 #define WRITE_LSE 0
+#endif
+#ifndef STRIDED
+#define STRIDED 0
 #endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
@@ -86,8 +91,8 @@ static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register cap setmaxnreg needs
     attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
              const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
-             int num_m_blocks, float scale, int num_tiles, int heads_q, int kv_group,
-             float* __restrict__ lse) {
+             int num_m_blocks, float scale, int num_tiles, int heads_q, int kv_group, float* __restrict__ lse,
+             long long o_stride_b, long long o_stride_h, long long o_stride_s) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + 2 * Q_PANEL;                 // NUM_STAGES K tiles
@@ -130,15 +135,25 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     auto load_k = [&](int nb, int slot, int bh) {
         TRACE_BEGIN(TMA_K);
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
+#if STRIDED  // the 4-D map takes (head, batch); bh = batch·heads_kv + head
+        hop::tma_load_tile_4d(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
+                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group));
+#else
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+#endif
         TRACE_END(TMA_K);
     };
     auto load_v = [&](int nb, int slot, int bh) {
         TRACE_BEGIN(TMA_V);
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
+#if STRIDED  // the 4-D map takes (head, batch); bh = batch·heads_kv + head
+        hop::tma_load_tile_4d(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
+                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group));
+#else
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
                            nb * BLOCK_N, bh);
+#endif
         TRACE_END(TMA_V);
     };
 
@@ -175,7 +190,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 TRACE_END(WAIT_Q_EMPTY);
                 TRACE_BEGIN(TMA_Q);
                 hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
+#if STRIDED
+                hop::tma_load_tile_4d(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh % heads_q,
+                                      bh / heads_q);
+#else
                 hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+#endif
                 TRACE_END(TMA_Q);
                 for (int nb = 0; nb < num_n_blocks; ++nb, ++kv) {
                     const int slot = kv % NUM_STAGES;
@@ -435,7 +455,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
 #endif
             if (row < seqlen_q) {
+#if STRIDED
+                bf16* dst =
+                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + 2 * t;
+#else
                 bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+#endif
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =

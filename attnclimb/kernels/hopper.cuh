@@ -145,6 +145,24 @@ __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc*
             tma_load_3d(dst + (p * rows + r) * PANEL_ROW_BYTES, map, bar, p * 64, row0 + r, bh);
 }
 
+// The same tile through a 4-D map over a strided (batch, heads, seqlen, 128) tensor (innermost first:
+// column, row, head, batch): a BSHD view or a slice of a fused QKV buffer is read where it lies.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_tile_4d(unsigned char* dst, const TmaDesc* map, uint64_t* bar,
+                                                 int rows, int box_rows, int row0, int head, int batch) {
+    for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            tma_load_4d(dst + (p * rows + r) * PANEL_ROW_BYTES, map, bar, p * 64, row0 + r, head, batch);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Proxy fence (PTX ISA "membar / fence": fence.proxy.async). Shared memory written by ordinary
 // st.shared (generic proxy) and then read by TMA stores or wgmma (async proxy) needs this fence first;

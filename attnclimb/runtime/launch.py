@@ -252,6 +252,13 @@ def tensor_map(t3d, box_rows: int):
     ``t3d`` must be contiguous with a 16-byte aligned base (the API guarantees both). Returns a
     ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
+    # cuda.core takes the box outermost-first: (bh, rows, cols)
+    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, HEAD_DIM // 2))
+
+
+def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
+    """A bf16 tensor map (128-byte swizzle, zero OOB fill) over memory at ``data_ptr`` of ``shape`` and element
+    ``strides`` (outermost first, as torch gives them), box ``box`` (outermost first)."""
     from cuda.core import TensorMapDescriptorOptions
     from cuda.core._tensor_map import TensorMapDataType, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
@@ -260,9 +267,9 @@ def tensor_map(t3d, box_rows: int):
     # cached map would keep its tensor alive (up to _TMAP_CACHE_SIZE of them: leaked GPU memory, and under
     # CUDA-graph capture "tensors in the cudagraph pool not tracked as outputs"). So it is built on a
     # non-owning __cuda_array_interface__ of the same memory; the map itself holds only the address.
-    view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(t3d), stream_ptr=-1)
+    view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(data_ptr, shape, strides), stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
-        box_dim=(1, box_rows, HEAD_DIM // 2),  # cuda.core takes the box outermost-first: (bh, rows, cols)
+        box_dim=box,
         data_type=TensorMapDataType.BFLOAT16,
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
         oob_fill=TensorMapOOBFill.NONE,
@@ -276,30 +283,72 @@ class _UnownedBf16:
     CAI has no bf16 type string, so it is described as 2-byte unsigned ints (``<u2``) and the tensor map
     gets the element type explicitly (``TensorMapDataType.BFLOAT16``)."""
 
-    def __init__(self, t):
+    def __init__(self, data_ptr: int, shape: tuple, strides: tuple):
         self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape),
+            "shape": tuple(shape),
             "typestr": "<u2",
-            "data": (t.data_ptr(), False),
-            "strides": tuple(2 * s for s in t.stride()),
+            "data": (data_ptr, False),
+            "strides": tuple(2 * s for s in strides),
             "version": 3,
             "stream": None,
         }
 
 
 @functools.cache
-def feature_variant(rung: Rung, causal: bool, gqa: bool, lse: bool) -> Rung:
-    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issue 8), memoised so
-    that each variant is compiled and loaded once. All off returns ``rung`` itself. ``ValueError`` when the
-    rung lacks a requested feature."""
-    want = {"causal": causal, "gqa": gqa, "lse": lse}
+def feature_variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool = False) -> Rung:
+    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9),
+    memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself.
+    ``ValueError`` when the rung lacks a requested feature."""
+    want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided}
     missing = [f for f, on in want.items() if on and f not in rung.features]
     if missing:
         raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
     if not any(want.values()):
         return rung
-    defines = {**rung.extra_defines, "CAUSAL": int(causal), "GQA": int(gqa), "WRITE_LSE": int(lse)}
+    defines = {
+        **rung.extra_defines,
+        "CAUSAL": int(causal),
+        "GQA": int(gqa),
+        "WRITE_LSE": int(lse),
+        "STRIDED": int(strided),
+    }
     return dataclasses.replace(rung, extra_defines=defines)
+
+
+def _check_strided(q, k, v, o) -> None:
+    """ValueError unless the strided variant can read Q, K, V and write O where they lie."""
+    from .layout import tma_layout_reason
+
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        why = tma_layout_reason(tuple(t.shape), t.stride(), t.data_ptr())
+        if why is not None:
+            raise ValueError(f"{name} cannot be read in place by TMA ({why}); pass a contiguous copy")
+    if any(s % 2 for s in o.stride()[:3]) or o.data_ptr() % 4:
+        raise ValueError(f"o's strides {o.stride()} must be even and its base 4-byte aligned (bf16x2 stores)")
+
+
+_TMAP4_CACHE: dict = {}
+
+
+def _tensor_map_4d(t, box_rows: int, device_index: int):
+    """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 tensor, as it lies (box ``(64, box_rows, 1, 1)``,
+    128-byte swizzle, zero OOB fill), memoised by (address, shape, strides, box, device) like the 3-D maps.
+    A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), box_rows, device_index)
+    tm = _TMAP4_CACHE.get(key)
+    if tm is None:
+        strides = list(t.stride())
+        packed = t.shape[-1]
+        for i in range(len(strides) - 2, -1, -1):
+            if t.shape[i] == 1:
+                strides[i] = packed
+            packed *= t.shape[i]
+        tm = _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, HEAD_DIM // 2))
+        with _lock:
+            if len(_TMAP4_CACHE) >= _TMAP_CACHE_SIZE:
+                _TMAP4_CACHE.pop(next(iter(_TMAP4_CACHE)))
+            _TMAP4_CACHE[key] = tm
+    return tm
 
 
 def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None) -> None:
@@ -323,8 +372,13 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
         raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     gqa = k.shape[1] != q.shape[1]
-    if causal or gqa or lse is not None:
-        rung = feature_variant(rung, bool(causal), gqa, lse is not None)
+    # Non-contiguous Q, K, V or O: read and written in place through 4-D tensor maps and O's strides, on a
+    # rung with the "strided" feature; each must pass layout.tma_layout_reason (and O's strides be even).
+    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous())
+    if causal or gqa or lse is not None or strided:
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided)
+    if strided:
+        _check_strided(q, k, v, o)
     dev = q.device.index
     lr = loaded(rung, dev)
     _ensure_context(lr)
@@ -386,15 +440,23 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
         )
         return
     if rung.abi == "tma":
-        tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
-        tk = _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev)
-        tv = _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev)
+        if strided:
+            tq, tk, tv = (
+                _tensor_map_4d(t, box, dev)
+                for t, box in ((q, rung.q_box_rows), (k, rung.kv_box_rows), (v, rung.kv_box_rows))
+            )
+        else:
+            tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
+            tk = _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev)
+            tv = _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev)
         args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
             grid = (lr.persistent_grid(grid[0]),)
             args += (i32(m_blocks * bh),)
-        if rung.features:  # heads_q, kv_group, lse (docs/kernel-abi.md, "Top-rung features")
-            args += (i32(h), i32(h // k.shape[1]), 0 if lse is None else lse.data_ptr())
+        if rung.features:  # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
+            i64 = np.int64
+            ob, oh, os_, _ = o.stride()
+            args += (i32(h), i32(h // k.shape[1]), 0 if lse is None else lse.data_ptr(), i64(ob), i64(oh), i64(os_))
         lr.launch("attn_fwd", grid, lr.block, lr.smem_bytes, stream, *args)
         return
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
