@@ -235,3 +235,19 @@ def test_feature_variant_refuses_missing_features():
     assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
     with pytest.raises(ValueError, match="causal"):
         feature_variant(rungs.get(11), True, False, False)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize(("causal", "strided"), [(0, 0), (1, 1)])
+def test_top_rung_head_dim_variants_compile(head_dim, causal, strided):
+    """The top rung's head_dim 64 and 256 variants (issue 8) build without spills and within shared memory."""
+    from attnclimb.runtime.launch import feature_variant
+
+    r = feature_variant(rungs.TOP, bool(causal), False, True, bool(strided), head_dim)
+    assert r.head_dim == head_dim and r.defines()["HEAD_DIM"] == head_dim
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert r.smem_bytes + max(res.static_smem for res in c.resources) <= 227 * 1024
+    with pytest.raises(ValueError, match="head_dim 96"):
+        feature_variant(rungs.TOP, False, False, False, False, 96)

@@ -162,3 +162,44 @@ def test_strided_refuses_what_tma_cannot_read():
     o = torch.empty(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="TMA"):
         run_rung(TOP, q, q, q, o, 1.0)
+
+
+def _randn_bf16(*shape, g):
+    return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1), (2, 40, 300, 300)])
+def test_head_dims_match_float64(head_dim, causal, shape):
+    """Issue 8: head_dim 64 and 256 (the rung's `head_dims` variants: 1 and 4 panels per row, P·V as
+    m64n64k16 / m64n256k16), with the LSE, against float64."""
+    g = torch.Generator(device="cuda").manual_seed(head_dim + causal)
+    b, h, sq, sk = shape
+    q, k, v = (
+        _randn_bf16(b, h, sq, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+    )
+    sc = 1 / math.sqrt(head_dim)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+    check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_head_dims_strided_gqa(head_dim):
+    g = torch.Generator(device="cuda").manual_seed(3 * head_dim)
+    b, h, hkv, s = 2, 8, 2, 500
+    q = _randn_bf16(b, s, h, head_dim, g=g).transpose(1, 2)
+    k, v = (_randn_bf16(b, s, hkv, head_dim, g=g).transpose(1, 2) for _ in range(2))
+    o = torch.full((b, h, s, head_dim), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_rung(TOP, q, k, v, o, 1 / math.sqrt(head_dim), causal=True)
+    torch.cuda.synchronize()
+    assert rel_l2(o, attention_exact(q, k, v, 1 / math.sqrt(head_dim), causal=True)) <= TOL
+
+
+def test_unsupported_head_dim_is_refused():
+    q = torch.zeros(1, 1, 64, 96, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        run_rung(TOP, q, q, q, torch.empty_like(q), 1.0)

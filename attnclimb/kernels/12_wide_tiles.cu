@@ -33,6 +33,8 @@
 //              are masked, and the work tiles of a head are walked from the longest (last m-block) down.
 //   GQA        K/V have heads_q / kv_group heads: query head h reads K/V head h / kv_group (no copies).
 //   WRITE_LSE  also write the natural-log log-sum-exp of each row's scaled scores to lse (fp32, B·H·Sq).
+//   HEAD_DIM   64, 128 (the plain kernel) or 256: PANELS 64-column panels per row of Q, K, V; the P·V wgmma
+//              is m64n{HEAD_DIM}k16 (tile sizes per head_dim in the rung's `head_dims`, attnclimb/rungs.py).
 //   STRIDED    Q, K, V through 4-D tensor maps over their own strides (batch, heads, seqlen, 128) and O
 //              written through o_stride_*: BSHD views and fused-QKV slices are read and written in place.
 #ifndef CAUSAL
@@ -53,17 +55,19 @@ constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
 constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 <= 64 K
 constexpr int CONSUMER_REGS = 240;
-constexpr int WARP_ROWS = 16;                       // rows of Q per warp (its part of a wgmma's M = 64)
-constexpr int WARPGROUP_ROWS = 64;                  // M of one wgmma: 4 warps x 16 rows
-constexpr uint32_t ROW_BYTES = 128;                 // one row of a 64-column bf16 panel
-constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;   // bytes of one 64-column panel of the Q tile
-constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES;  // ... of a K or V tile
-constexpr uint32_t KV_TILE_BYTES = 2 * KV_PANEL;    // a K (or V) tile: two panels
-constexpr int S_TILES = BLOCK_N / 8;                // n8 tiles of S per warp (accumulator groups of 4)
-constexpr int KV_STEPS = BLOCK_N / 16;              // k16 steps of P·V (over keys)
-constexpr int O_TILES = HEAD_DIM / 8;               // n8 tiles of O per warp (accumulator groups of 4)
+constexpr int WARP_ROWS = 16;                          // rows of Q per warp (its part of a wgmma's M = 64)
+constexpr int WARPGROUP_ROWS = 64;                     // M of one wgmma: 4 warps x 16 rows
+constexpr uint32_t ROW_BYTES = 128;                    // one row of a 64-column bf16 panel
+constexpr uint32_t Q_PANEL = BLOCK_M * ROW_BYTES;      // bytes of one 64-column panel of the Q tile
+constexpr uint32_t KV_PANEL = BLOCK_N * ROW_BYTES;     // ... of a K or V tile
+constexpr int PANELS = HEAD_DIM / 64;                  // 64-column panels of a row: 1, 2 or 4
+constexpr uint32_t KV_TILE_BYTES = PANELS * KV_PANEL;  // a K (or V) tile
+constexpr int S_TILES = BLOCK_N / 8;                   // n8 tiles of S per warp (accumulator groups of 4)
+constexpr int KV_STEPS = BLOCK_N / 16;                 // k16 steps of P·V (over keys)
+constexpr int O_TILES = HEAD_DIM / 8;                  // n8 tiles of O per warp (accumulator groups of 4)
 
-static_assert(HEAD_DIM == 128, "this kernel is written for head_dim 128 (16 chunks of 16 bytes a row)");
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256,
+              "head_dim 64, 128 or 256 (whole 64-column panels)");
 static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is computed on");
 static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
 static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
@@ -72,7 +76,7 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
               "the register file holds 64 K registers");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
+static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
               "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 
 // ---------------------------------------------------------------------------------------------
@@ -95,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
              long long o_stride_b, long long o_stride_h, long long o_stride_s) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
-    unsigned char* s_k = s_q + 2 * Q_PANEL;                 // NUM_STAGES K tiles
+    unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
@@ -137,10 +141,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::mbar_arrive_expect_tx(&bar_k[slot], KV_TILE_BYTES);
 #if STRIDED  // the 4-D map takes (head, batch); bh = batch·heads_kv + head
         hop::tma_load_tile_4d(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
-                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group));
+                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group), PANELS);
 #else
         hop::tma_load_tile(s_k + slot * KV_TILE_BYTES, &tmap_k, &bar_k[slot], BLOCK_N, KV_BOX_ROWS,
-                           nb * BLOCK_N, bh);
+                           nb * BLOCK_N, bh, PANELS);
 #endif
         TRACE_END(TMA_K);
     };
@@ -149,10 +153,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::mbar_arrive_expect_tx(&bar_v[slot], KV_TILE_BYTES);
 #if STRIDED  // the 4-D map takes (head, batch); bh = batch·heads_kv + head
         hop::tma_load_tile_4d(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
-                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group));
+                              nb * BLOCK_N, bh % (heads_q / kv_group), bh / (heads_q / kv_group), PANELS);
 #else
         hop::tma_load_tile(s_v + slot * KV_TILE_BYTES, &tmap_v, &bar_v[slot], BLOCK_N, KV_BOX_ROWS,
-                           nb * BLOCK_N, bh);
+                           nb * BLOCK_N, bh, PANELS);
 #endif
         TRACE_END(TMA_V);
     };
@@ -189,12 +193,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);
                 TRACE_END(WAIT_Q_EMPTY);
                 TRACE_BEGIN(TMA_Q);
-                hop::mbar_arrive_expect_tx(&bar_q, 2 * Q_PANEL);
+                hop::mbar_arrive_expect_tx(&bar_q, PANELS * Q_PANEL);
 #if STRIDED
                 hop::tma_load_tile_4d(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh % heads_q,
-                                      bh / heads_q);
+                                      bh / heads_q, PANELS);
 #else
-                hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh);
+                hop::tma_load_tile(s_q, &tmap_q, &bar_q, BLOCK_M, Q_BOX_ROWS, m_start, bh, PANELS);
 #endif
                 TRACE_END(TMA_Q);
                 for (int nb = 0; nb < num_n_blocks; ++nb, ++kv) {

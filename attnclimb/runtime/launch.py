@@ -15,10 +15,11 @@ import threading
 
 import numpy as np
 
-from ..rungs import HEAD_DIM, Rung
+from ..rungs import Rung
 from .compiler import compile_rung
 
 _lock = threading.Lock()
+PANEL_COLS = 64  # a TMA box is one 64-column (128-byte) panel wide: the 128-byte swizzle's row
 
 
 def _check(result, what: str):
@@ -236,7 +237,7 @@ def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
     key = (t.data_ptr(), bh, rows, box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
-        tm = tensor_map(t.view(bh, rows, HEAD_DIM), box_rows)
+        tm = tensor_map(t.view(bh, rows, t.shape[-1]), box_rows)
         with _lock:
             if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
                 _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
@@ -253,7 +254,7 @@ def tensor_map(t3d, box_rows: int):
     ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
     # cuda.core takes the box outermost-first: (bh, rows, cols)
-    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, HEAD_DIM // 2))
+    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, PANEL_COLS))
 
 
 def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
@@ -295,16 +296,25 @@ class _UnownedBf16:
 
 
 @functools.cache
-def feature_variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool = False) -> Rung:
-    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9),
+def feature_variant(
+    rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool = False, head_dim: int | None = None
+) -> Rung:
+    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9) and
+    ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes),
     memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself.
-    ``ValueError`` when the rung lacks a requested feature."""
+    ``ValueError`` when the rung lacks a requested feature or head_dim."""
     want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided}
     missing = [f for f, on in want.items() if on and f not in rung.features]
     if missing:
         raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
-    if not any(want.values()):
+    head_dim = rung.head_dim if head_dim is None else head_dim
+    if head_dim != rung.head_dim and head_dim not in rung.head_dims:
+        dims = sorted({rung.head_dim, *rung.head_dims})
+        raise ValueError(f"{rung.key} does not support head_dim {head_dim} (supported: {dims})")
+    if not any(want.values()) and head_dim == rung.head_dim:
         return rung
+    if head_dim != rung.head_dim:
+        rung = dataclasses.replace(rung, head_dim=head_dim, **rung.head_dims[head_dim])
     defines = {
         **rung.extra_defines,
         "CAUSAL": int(causal),
@@ -343,7 +353,7 @@ def _tensor_map_4d(t, box_rows: int, device_index: int):
             if t.shape[i] == 1:
                 strides[i] = packed
             packed *= t.shape[i]
-        tm = _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, HEAD_DIM // 2))
+        tm = _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, PANEL_COLS))
         with _lock:
             if len(_TMAP4_CACHE) >= _TMAP_CACHE_SIZE:
                 _TMAP4_CACHE.pop(next(iter(_TMAP4_CACHE)))
@@ -372,11 +382,12 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
         raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     gqa = k.shape[1] != q.shape[1]
+    head_dim = q.shape[-1]
     # Non-contiguous Q, K, V or O: read and written in place through 4-D tensor maps and O's strides, on a
     # rung with the "strided" feature; each must pass layout.tma_layout_reason (and O's strides be even).
     strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous())
-    if causal or gqa or lse is not None or strided:
-        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided)
+    if causal or gqa or lse is not None or strided or head_dim != rung.head_dim:
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim)
     if strided:
         _check_strided(q, k, v, o)
     dev = q.device.index
