@@ -189,9 +189,35 @@ def table_model(doc: dict, times: str = "×", group: str = MAIN_GROUP) -> tuple:
         body.append(cells)
     foot = [f"{impl} at {', '.join(labs)}: {st}" for (impl, st), labs in notes.items()]
     if hidden:
-        why = " / ".join(dict.fromkeys(w for ws in hidden.values() for w in ws))
-        foot.append(f"not run on these columns (skipped: {why}): {', '.join(hidden)}")
+        foot.append(f"{_impl_ranges(list(hidden))}: not run here ({_reasons(w for ws in hidden.values() for w in ws)})")
     return header, body, foot
+
+
+def _impl_ranges(impls: list) -> str:
+    """``rung00–rung11, fa4``: runs of consecutive rung numbers joined by a dash (3 or more), the rest as given."""
+    out, run_ = [], []
+    for impl in [*impls, None]:
+        n = None if impl is None else _rung_number(impl)
+        if n is not None and run_ and n == _rung_number(run_[-1]) + 1:
+            run_.append(impl)
+            continue
+        if run_:
+            out += [f"{run_[0]}–{run_[-1]}"] if len(run_) >= 3 else run_
+        run_ = [impl] if n is not None else []
+        if n is None and impl is not None:
+            out.append(impl)
+    return ", ".join(out)
+
+
+def _reasons(reasons) -> str:
+    """Distinct skip reasons joined by `` / ``; a parenthesised tail they all share is said once, after a
+    semicolon: ``"no causal variant / no grouped-query variant; issue 8: only the top rung has them"``."""
+    reasons = list(dict.fromkeys(reasons))
+    tails = {w.rpartition(" (")[2] for w in reasons}
+    if len(tails) == 1 and all(" (" in w and w.endswith(")") for w in reasons):
+        tail = tails.pop()
+        return " / ".join(w[: -len(tail) - 2] for w in reasons) + "; " + tail[:-1]
+    return " / ".join(reasons)
 
 
 def feature_model(doc: dict, times: str = "×") -> tuple | None:
@@ -551,7 +577,7 @@ def spread_labels(ys: list, min_gap: float) -> list:
 
 
 def _chart_columns(doc: dict) -> list:
-    shapes = doc.get("shapes") or []
+    shapes = [s for s in doc.get("shapes") or [] if s.get("group", MAIN_GROUP) == MAIN_GROUP]
     fa = [s for s in shapes if s["name"].startswith("fa-")]
     head = [s for s in fa if s.get("headline", s["seqlen_k"] in HEADLINE_SEQLENS)]  # not causal/d64/... variants
     return [(s["name"], s.get("label", s["name"])) for s in (head or fa or shapes)]

@@ -105,7 +105,8 @@ def plan_chunks(
     per_batch = max(heads * q_head, hkv * kv_head)
     if per_batch <= limit:
         step = limit // per_batch
-        return [Chunk((b, min(b + step, batch)), (0, heads), (0, seqlen_q)) for b in range(0, batch, step)]
+        kv = _kv(0, hkv, group)
+        return [Chunk((b, min(b + step, batch)), (0, heads), (0, seqlen_q), kv) for b in range(0, batch, step)]
     per_group = max(group * q_head, kv_head)
     if per_group <= limit:  # whole groups of query heads with their K/V heads
         step = limit // per_group
