@@ -76,7 +76,7 @@ FEATURES = FEATURES_BY_RUNG[_rungs.TOP.number]
 
 
 def _who_has(feature: str) -> str:
-    """``"rung 12 (wide_tiles)"``-style list of the rungs that have ``feature``, for a message."""
+    """Which rungs have ``feature``, for a message: ``"rung 12 has it"``, ``"rungs 11, 12 have it"``."""
     have = [f"{r.number}" for r in _rungs.RUNGS if feature in r.features]
     if not have:
         return "no rung has it yet"

@@ -653,8 +653,8 @@ def add_arguments(p) -> None:
         "--no-feature-columns",
         action="store_true",
         help="leave out the feature columns (causal 1k/4k/8k/16k and GQA 32/8 at 8k, non-causal and causal; "
-        "issue 8), which run after the others by default (about 30-60 s on an H200, an estimate: first "
-        "uses compile the top rung's and FA4's causal and GQA variants)",
+        "issue 8), which run after the others by default (an estimated 20-50 s on an H200: about 17 s of "
+        "timing, plus the first-use compiles of the top rung's and FA4's causal and GQA variants)",
     )
     p.add_argument(
         "--rounds",
