@@ -166,8 +166,9 @@ def test_causal_gqa_gradients_match_math_backend(shape):
 )
 def test_split_launches_equal_one_launch(monkeypatch, shape, causal):
     """The 2^31 planner's splits of GQA and causal calls, with the limit lowered to 2^20 elements: the
-    launches together write what one launch writes (O and the LSE), bit for bit (each row's arithmetic
-    does not depend on the launch it is in)."""
+    launches together write what one launch writes (O and the LSE). Each row's arithmetic does not depend
+    on the launch it is in, but a launch may run another variant (one query head per K/V head: not GQA), so
+    the check allows a last-bit difference; a wrong K/V head or diagonal would be off by O(1)."""
     q, k, v = _qkv(*shape, seed=6)
     whole = ops.forward(q, k, v, 0.09, TOP, causal, with_lse=True)
     launches = []
@@ -177,7 +178,8 @@ def test_split_launches_equal_one_launch(monkeypatch, shape, causal):
     split = ops.forward(q, k, v, 0.09, TOP, causal, with_lse=True)
     torch.cuda.synchronize()
     assert len(launches) > 1
-    assert torch.equal(split[0], whole[0]) and torch.equal(split[1], whole[1])
+    assert rel_l2(split[0], whole[0].float()) < 1e-4
+    assert (split[1] - whole[1]).abs().max().item() < 1e-4
 
 
 def test_causal_gqa_call_over_2_to_the_31_elements():
