@@ -36,7 +36,10 @@ def test_flop_formula():
 
 
 def test_default_shapes():
-    sh = shapes.default_shapes()
+    every = shapes.default_shapes()
+    sh = [s for s in every if s.group == "main"]
+    assert sh == shapes.default_shapes(features=False) and every[: len(sh)] == sh  # the feature group comes last
+    assert [s.name for s in every[len(sh) :]] == list(shapes.FEATURE_SHAPES)
     fa = [s for s in sh if s.name.startswith("fa-")]
     assert [s.seqlen_q for s in fa] == [1024, 2048, 4096, 8192, 16384]
     for s in fa:
@@ -62,7 +65,7 @@ def test_default_shapes():
     assert [s.label for s in fa] == ["1k", "2k", "4k", "8k", "16k"]
     assert [s.label for s in sh[len(fa) :]] == ["Wan2.1-1.3B 480p", "Wan2.1-14B 720p", "Wan2.1-14B 720p cross-attn"]
     assert [s.detail for s in sh[len(fa) :]] == ["B1 H12 S32760", "B1 H40 S75600", "B1 H40 Sq75600 Sk512"]
-    assert len({s.name for s in sh}) == len(sh) and len({s.label for s in sh}) == len(sh)
+    assert len({s.name for s in every}) == len(every) and len({s.label for s in every}) == len(every)
 
 
 def test_new_wan_shapes_flops_and_bytes():
@@ -76,7 +79,13 @@ def test_new_wan_shapes_flops_and_bytes():
 
 
 def test_quick_and_parsed_shapes():
-    assert [s.seqlen_q for s in shapes.default_shapes(quick=True)] == [4096, 16384, 32760]
+    quick = shapes.default_shapes(quick=True)
+    assert [(s.seqlen_q, s.group) for s in quick] == [(4096, "main"), (16384, "main"), (32760, "main")] + [
+        (4096, "features"),
+        (8192, "features"),
+    ]
+    assert [s.name for s in quick[3:]] == ["fa-4k-causal", "fa-8k-gqa32x8-causal"]
+    assert [s.seqlen_q for s in shapes.default_shapes(quick=True, features=False)] == [4096, 16384, 32760]
     assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
     assert shapes.parse_seqlens("wan-cross,WAN14B,wan2.1-14b-720p,wan2.1-1.3b-480p") == ("wan-cross", "wan14b", "wan")
     assert shapes.parse_seqlens("wan2.1-14b-720p-cross,wancross,wan14b-cross,wan2.1-14b") == ("wan-cross", "wan14b")
@@ -773,7 +782,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
         shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True),
         shapes.Shape("fa-8k", "8k", 1, 2, 80, 80, headline=True),
     ]
-    monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False: tiny)
+    monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False, features=True: tiny)
     fakes = _fake_impls(torch)
     monkeypatch.setattr(run.peers_mod, "select_impls", lambda r, i: fakes)
     monkeypatch.setattr(run, "run_bench", functools.partial(run.run_bench, progress=_Quiet(), device="cpu"))
@@ -820,7 +829,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     assert out[-2].startswith("attnclimb_sdpa ") and out[-1].startswith("sdpa_cudnn ") and out[-1].endswith(" 1.00x")
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
     assert any(line.startswith("07 good") and "(1.00x / 1.00x)" in line for line in out)
-    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 3
+    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 4
     assert all(len(r["rounds_ms"]) == 3 for r in doc["rows"] if r["status"] == "ok")
     bshd = {r["impl"]: r for r in doc["bshd_view"]["rows"]}
     assert list(bshd) == ["rung07", "sdpa_cudnn", "fa4"] and {r["shape"] for r in bshd.values()} == {"t-v"}
@@ -841,7 +850,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     capsys.readouterr()
     assert main(["bench", "--out", str(tmp_path / "three"), "--no-chart", "--no-dropin-rows"]) == 1
     doc = json.loads((tmp_path / "three" / "latest.json").read_text())
-    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 3
+    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 4
     out = capsys.readouterr().out.rstrip("\n").splitlines()
     assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # without them, the main table is last
     capsys.readouterr()

@@ -66,7 +66,7 @@ def test_supported_call_has_no_reason(hopper):
         ("rank3", "rank"),
         ("fp16", "dtype"),
         ("mixed_dtype", "dtype"),
-        ("head_dim64", "head_dim"),
+        ("head_dim96", "head_dim"),
         ("v_head_dim", "head_dim"),
         ("batch", "shape"),
         ("heads", "shape"),
@@ -93,8 +93,8 @@ def test_each_reason(hopper, case, key):
         dtype = dict.fromkeys(dtype, torch.float16)
     elif case == "mixed_dtype":
         dtype["k"] = torch.float16
-    elif case == "head_dim64":
-        shapes = dict.fromkeys(shapes, (1, 4, 8, 64))
+    elif case == "head_dim96":  # 64 and 256 are top-rung variants (Rung.head_dims); 96 is not
+        shapes = dict.fromkeys(shapes, (1, 4, 8, 96))
     elif case == "v_head_dim":
         shapes["v"] = (1, 4, 8, 64)
     elif case == "batch":
@@ -115,6 +115,9 @@ def test_each_reason(hopper, case, key):
     mode = FakeTensorMode()
     with mode:
         q, k, v = (torch.empty(*shapes[n], dtype=dtype[n], device="cuda") for n in "qkv")
+    if key in ("is_causal", "gqa"):  # the top rung has these variants; the rungs below do not
+        assert support.unsupported_reason(q, k, v, **kw) is None
+        kw["features"] = support.FEATURES_BY_RUNG[11]
     why = support.unsupported_reason(q, k, v, **kw)
     assert why is not None and why.key == key, why
     assert why.exc in (TypeError, ValueError) and why.message
@@ -147,8 +150,10 @@ def test_type_layout_subclass_reasons():
 def test_features_table_decides(hopper):
     """A later kernel feature is one table edit: the same call flips from a reason to None."""
     _, (q, k) = _fake_cuda((1, 4, 8, 128), (1, 2, 8, 128))
-    assert support.unsupported_reason(q, q, q, is_causal=True).key == "is_causal"
-    assert support.unsupported_reason(q, k, k, enable_gqa=True).key == "gqa"
+    plain = support.BASE
+    assert support.unsupported_reason(q, q, q, is_causal=True, features=plain).key == "is_causal"
+    assert support.unsupported_reason(q, k, k, enable_gqa=True, features=plain).key == "gqa"
+    assert support.unsupported_reason(q, q, q, features=plain, return_lse=True).key == "return_lse"
     more = support.KernelFeatures(
         dtypes=support.FEATURES.dtypes | {torch.float16}, head_dims=frozenset({64, 128}), causal=True, gqa=True
     )
@@ -157,6 +162,52 @@ def test_features_table_decides(hopper):
     _, (h, g) = _fake_cuda((1, 4, 8, 64), (1, 4, 8, 64), dtype=torch.float16)
     assert support.unsupported_reason(h, g, g).key == "dtype"
     assert support.unsupported_reason(h, g, g, features=more) is None
+
+
+def test_features_per_rung_come_from_the_rung(hopper):
+    """Support depends on the rung: the top rung's compile-time variants (Rung.features) are its table's
+    causal, gqa and lse; the rungs below have none, and their reasons name the rung and who has it."""
+    from attnclimb import rungs
+
+    top = rungs.TOP
+    assert {"causal", "gqa", "lse"} <= set(top.features)
+    assert support.FEATURES is support.FEATURES_BY_RUNG[top.number]
+    assert (support.FEATURES.causal, support.FEATURES.gqa, support.FEATURES.lse) == (True, True, True)
+    for r in rungs.RUNGS:
+        f = support.FEATURES_BY_RUNG[r.number]
+        assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
+        assert f.dtypes == support.BASE.dtypes
+        assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
+    _, (q, k, k1) = _fake_cuda((2, 8, 16, 128), (2, 2, 24, 128), (2, 1, 24, 128))
+    low = support.FEATURES_BY_RUNG[10]
+    for kv in (k, k1):  # GQA 8/2 and MQA 8/1, causal and not, with the LSE: all the top rung's
+        for causal in (False, True):
+            assert support.unsupported_reason(q, kv, kv, is_causal=causal, enable_gqa=True, return_lse=True) is None
+    why = support.unsupported_reason(q, q, q, is_causal=True, features=low)
+    assert why.key == "is_causal" and "rung 10 (pingpong)" in why.message and f"rung {top.number} has it" in why.message
+    why = support.unsupported_reason(q, k, k, enable_gqa=True, features=low)
+    assert why.key == "gqa" and "8 query heads, 2 key/value heads" in why.message and "rung 10" in why.message
+    assert support.unsupported_reason(q, q, q, features=low, return_lse=True).key == "return_lse"
+    # fewer K/V heads without enable_gqa, or not a divisor, or K and V differing: torch's SDPA decides
+    _, (k3, v4) = _fake_cuda((2, 3, 24, 128), (2, 4, 24, 128))
+    why = support.unsupported_reason(q, k, k)
+    assert why.key == "shape" and "needs enable_gqa=True" in why.message
+    assert support.unsupported_reason(q, k3, k3, enable_gqa=True).key == "shape"
+    assert support.unsupported_reason(q, k, v4, enable_gqa=True).key == "shape"
+
+
+def test_causal_size_reason_only_where_rows_would_split(hopper):
+    """A causal call is never split over query rows (the kernels anchor the diagonal at a launch's first
+    row): one head's Q of 2^31 elements is the size reason with causal, and fine without."""
+    mode = FakeTensorMode()
+    with mode:
+        big_q = torch.empty(1, 1, 2**24 + 1, 128, dtype=BF16, device="cuda")
+        ok_q = torch.empty(1, 1, 2**24 - 1, 128, dtype=BF16, device="cuda")
+        k = torch.empty(1, 1, 64, 128, dtype=BF16, device="cuda")
+    assert support.unsupported_reason(big_q, k, k) is None  # split over rows: fine without a mask
+    why = support.unsupported_reason(big_q, k, k, is_causal=True)
+    assert (why.key, why.detail) == ("size", "causal") and "query rows" in why.message
+    assert support.unsupported_reason(ok_q, k, k, is_causal=True) is None
 
 
 # ---------------------------------------------------------------- fallback, warnings, strict
@@ -200,11 +251,12 @@ def test_one_warning_per_reason():
             attnclimb.scaled_dot_product_attention(q32, q32, q32)
             attnclimb.scaled_dot_product_attention(q16, q16, q16)
             attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu)
-            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, is_causal=True)
+            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, is_causal=True)  # causal: the same reason
+            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, dropout_p=0.5)
     msgs = [str(x.message) for x in w]
     assert len(msgs) == 4, msgs
     assert all(x.category is attnclimb.AttnclimbFallbackWarning for x in w)
-    assert "torch.float32" in msgs[0] and "torch.float16" in msgs[1] and "cpu" in msgs[2] and "is_causal" in msgs[3]
+    assert "torch.float32" in msgs[0] and "torch.float16" in msgs[1] and "cpu" in msgs[2] and "dropout" in msgs[3]
     sdpa.reset_fallback_warnings()
     with pytest.warns(attnclimb.AttnclimbFallbackWarning, match="float32"):
         attnclimb.scaled_dot_product_attention(q32, q32, q32)
@@ -278,7 +330,7 @@ def test_patch_sdpa_routes_a_model():
     real = sdpa.scaled_dot_product_attention
     try:
         sdpa.scaled_dot_product_attention = lambda *a, **k: seen.append(a[5]) or real(*a, **k)
-        with attnclimb.patch_sdpa(), pytest.warns(attnclimb.AttnclimbFallbackWarning, match="is_causal"):
+        with attnclimb.patch_sdpa(), pytest.warns(attnclimb.AttnclimbFallbackWarning, match="float32"):
             out = Attn()(x)
     finally:
         sdpa.scaled_dot_product_attention = real
@@ -338,8 +390,25 @@ def test_op_schema():
     schema = str(torch.ops.attnclimb.attention_fwd.default._schema)
     # torch writes an `int` annotation as SymInt
     assert schema.replace("SymInt", "int") == (
-        "attnclimb::attention_fwd(Tensor q, Tensor k, Tensor v, float scale, int rung) -> Tensor"
+        "attnclimb::attention_fwd(Tensor q, Tensor k, Tensor v, float scale, int rung, bool is_causal=False) -> Tensor"
     )
+    schema = str(torch.ops.attnclimb.attention_fwd_lse.default._schema)
+    assert schema.replace("SymInt", "int") == (
+        "attnclimb::attention_fwd_lse(Tensor q, Tensor k, Tensor v, float scale, int rung, bool is_causal=False) "
+        "-> (Tensor, Tensor)"
+    )
+
+
+def test_fake_impls_of_the_lse_op_and_gqa():
+    """The LSE op's fake gives a contiguous bf16 O and a contiguous fp32 (B, H, Sq) LSE; with fewer K/V
+    heads (GQA) O has Q's heads; is_causal changes no shape."""
+    mode, (q, k) = _fake_cuda((2, 7, 8, 128), (2, 9, 2, 128))  # BSHD: q 8 heads, k/v 2 heads
+    with mode:
+        o, lse = torch.ops.attnclimb.attention_fwd_lse(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), 0.1, 12)
+        assert o.shape == (2, 8, 7, 128) and o.dtype == BF16 and o.is_contiguous() and o.device.type == "cuda"
+        assert lse.shape == (2, 8, 7) and lse.dtype == torch.float32 and lse.is_contiguous()
+        o2 = torch.ops.attnclimb.attention_fwd(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), 0.1, 12, True)
+        assert o2.shape == (2, 8, 7, 128)
 
 
 def test_direct_call_only_when_nothing_observes_it():
@@ -613,7 +682,8 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     limit = 3000
     calls = []
 
-    def fake_run_rung(r, q, k, v, o, scale):
+    def fake_run_rung(r, q, k, v, o, scale, causal=False, lse=None):
+        assert not causal and lse is None
         assert r.number == rung and all(t.is_contiguous() for t in (q, k, v, o))
         assert max(q.numel(), k.numel(), o.numel()) <= limit
         if r.abi == "unfused":

@@ -3,12 +3,17 @@
 Each implementation is an :class:`Impl` with a uniform protocol so the runner treats them alike:
 
 * ``available()`` -> ``(bool, reason)``: checked once per run (e.g. FA4 not importable);
+* ``unsupported(shape)`` -> reason or ``None``: a shape the implementation cannot compute (a rung without
+  the causal or GQA variant), skipped with the reason even with ``--no-limits``;
+* ``for_shape(shape)`` -> the implementation set up for ``shape``'s variant (``causal``, ``gqa``): itself
+  for a plain shape, else a shallow copy with those attributes set, which ``call`` reads;
 * ``context()``: a context manager entered around the check and the timing (SDPA backend pinning);
 * ``prepare(q, k, v)``: per-input-set preprocessing done OUTSIDE the timed region (FA4's BSHD copies);
 * ``call(prepared)`` -> output: the timed work;
 * ``to_bhsd(output)`` -> ``(batch, heads, seqlen_q, head_dim)`` tensor for the correctness check.
 
-Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors; ``native_layout``
+Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors (K and V with
+``shape.kv_heads`` heads: grouped-query attention when fewer); ``native_layout``
 says which shape ``call`` takes (``"bhsd"``, or ``"bshd"`` for FA4), for the BSHD-view rows
 (:mod:`attnclimb.bench.dropin`). torch and the peers are imported lazily so this module imports on
 machines without them.
@@ -17,6 +22,7 @@ machines without them.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,11 +51,27 @@ class Impl:
     label: str
     kind: str  # "rung" | "peer"
     max_bench_seqlen: int | None = None
+    # the variant call() computes (set by for_shape): torch's is_causal=True, and fewer K/V heads than Q's
+    causal: bool = False
+    gqa: bool = False
     # the shape call() takes: "bhsd" = (batch, heads, seqlen, head_dim), "bshd" = (batch, seqlen, heads, head_dim)
     native_layout: ClassVar[str] = "bhsd"
 
     def available(self) -> tuple:
         return True, ""
+
+    def unsupported(self, shape) -> str | None:
+        """Why this impl cannot compute ``shape`` at all (``None`` = it can); skipped whatever the limits."""
+        return None
+
+    def for_shape(self, shape):
+        """This impl set up for ``shape``: ``self`` when ``causal``/``gqa`` already match, else a shallow copy
+        with them set (the copy shares everything else, e.g. a function found by ``available``)."""
+        if (self.causal, self.gqa) == (shape.causal, shape.gqa):
+            return self
+        other = copy.copy(self)
+        other.causal, other.gqa = shape.causal, shape.gqa
+        return other
 
     def context(self):
         return contextlib.nullcontext()
@@ -78,7 +100,17 @@ class RungImpl(Impl):
             key=rung.key, label=f"{rung.number:02d} {rung.name}", kind="rung", max_bench_seqlen=rung.max_bench_seqlen
         )
         self.number = rung.number
+        self.features = tuple(rung.features)
         self._fn = None
+
+    def unsupported(self, shape) -> str | None:
+        missing = [f for f, on in (("causal", shape.causal), ("gqa", shape.gqa)) if on and f not in self.features]
+        if missing:
+            what = " or ".join("grouped-query" if f == "gqa" else f for f in missing)
+            return f"no {what} variant (issue 8: only the top rung has them)"
+        if shape.head_dim != 128:
+            return f"head_dim {shape.head_dim} is not in the kernels (128 only)"
+        return None
 
     def available(self) -> tuple:
         try:
@@ -93,6 +125,8 @@ class RungImpl(Impl):
 
     def call(self, prepared):
         q, k, v = prepared
+        if self.causal:
+            return self._fn(q, k, v, rung=self.number, is_causal=True)
         return self._fn(q, k, v, rung=self.number)
 
 
@@ -130,13 +164,18 @@ class SdpaImpl(Impl):
         import torch.nn.functional as F
 
         q, k, v = prepared
-        return F.scaled_dot_product_attention(q, k, v)
+        if self.gqa:  # torch >= 2.8: cuDNN, flash and efficient all take enable_gqa (else: a skipped row)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
 
 class Fa4Impl(Impl):
     """FlashAttention-4's CuTe-DSL path (``flash_attn.cute.flash_attn_func``), BSHD inputs.
 
     ``prepare`` makes the ``(batch, seqlen, heads, head_dim)`` contiguous copies outside the timed region.
+    ``flash_attn_func(q, k, v, causal=...)`` takes K/V with fewer heads natively (grouped-query attention).
+    Its causal mask is bottom-right aligned when ``seqlen_q != seqlen_k`` (torch's is top-left); the bench's
+    causal shapes are square, where the two agree.
     """
 
     native_layout: ClassVar[str] = "bshd"
@@ -158,7 +197,7 @@ class Fa4Impl(Impl):
 
     def call(self, prepared):
         q, k, v = prepared
-        return self._fn(q, k, v, causal=False)
+        return self._fn(q, k, v, causal=self.causal)
 
     def to_bhsd(self, out):
         if isinstance(out, (tuple, list)):  # (out, lse)

@@ -39,25 +39,27 @@ def _backend(strict: bool):
         return_lse: bool = False,
         _parallel_config=None,
     ):
-        """diffusers' backend call: ``query`` ``(B, Sq, H, E)``, ``key``/``value`` ``(B, Sk, H, E)`` (BSHD,
-        diffusers' layout); returns ``(B, Sq, H, Ev)``. Runs :func:`attnclimb.scaled_dot_product_attention`
-        on ``(B, H, S, E)`` views (``transpose(1, 2)``: no copy made here) and returns a view of its output
-        in BSHD.
+        """diffusers' backend call: ``query`` ``(B, Sq, H, E)``, ``key``/``value`` ``(B, Sk, H_kv, E)`` (BSHD,
+        diffusers' layout); returns ``(B, Sq, H, Ev)``, and with ``return_lse`` the pair ``(out, lse)``,
+        ``lse`` ``(B, Sq, H)`` fp32 (the layout diffusers' own backends return it in). Runs
+        :func:`attnclimb.scaled_dot_product_attention` (``scaled_dot_product_attention_lse`` with
+        ``return_lse``) on ``(B, H, S, E)`` views (``transpose(1, 2)``: no copy made here) and returns views
+        of its outputs in BSHD. ``is_causal`` and ``enable_gqa`` pass through: the top rung's causal and
+        grouped-query variants run them.
 
         A ``(B, Sk)`` mask (a key-padding mask, which diffusers' backends accept) is viewed as
         ``(B, 1, 1, Sk)`` for SDPA's broadcasting; any mask means torch's SDPA does the work.
 
         Raises:
-            ValueError: ``return_lse=True`` (not computed) or a context-parallel config (not supported;
-                ``set_attention_backend`` refuses that combination first).
+            ValueError: a context-parallel config (not supported: the backend is registered without
+                ``supports_context_parallel``, so ``set_attention_backend`` refuses that combination first).
         """
-        if return_lse:
-            raise ValueError("the attnclimb backend does not return the log-sum-exp (return_lse=True)")
         if _parallel_config is not None:
             raise ValueError("the attnclimb backend does not support diffusers' context parallelism")
         if attn_mask is not None and attn_mask.dim() == 2 and tuple(attn_mask.shape) == (query.shape[0], key.shape[1]):
             attn_mask = attn_mask[:, None, None, :]
-        out = _sdpa.scaled_dot_product_attention(
+        fn = _sdpa.scaled_dot_product_attention_lse if return_lse else _sdpa.scaled_dot_product_attention
+        out = fn(
             query.transpose(1, 2),
             key.transpose(1, 2),
             value.transpose(1, 2),
@@ -68,6 +70,9 @@ def _backend(strict: bool):
             enable_gqa,
             strict=strict,
         )
+        if return_lse:
+            out, lse = out
+            return out.transpose(1, 2), lse.transpose(1, 2)
         return out.transpose(1, 2)
 
     return attnclimb_attention
