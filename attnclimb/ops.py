@@ -24,18 +24,22 @@ from torch import Tensor
 
 from . import rungs as _rungs
 from .runtime import launch as _launch
-from .runtime.layout import INT32_LIMIT, needs_copy, plan_chunks
+from .runtime.layout import INT32_LIMIT, needs_copy, plan_chunks, tma_layout_reason
 
 # torch's SDPA, captured before anything (attnclimb.patch_sdpa included) can replace the module attribute.
 _TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def _operand(t: Tensor) -> Tensor:
+def _operand(t: Tensor, in_place: bool = False) -> Tensor:
     """``t`` as the kernels take it: itself when contiguous and 16-byte aligned, else a contiguous copy
-    (:func:`attnclimb.runtime.layout.needs_copy` is the rule)."""
-    if needs_copy(t):
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    (:func:`attnclimb.runtime.layout.needs_copy` is the rule). With ``in_place`` (a rung with the
+    ``"strided"`` feature, one launch) also itself when a TMA tensor map can read it where it lies
+    (:func:`attnclimb.runtime.layout.tma_layout_reason`): BSHD views, slices of a fused QKV buffer."""
+    if not needs_copy(t):
+        return t
+    if in_place and tma_layout_reason(tuple(t.shape), t.stride(), t.data_ptr()) is None:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False, with_lse: bool = False):
@@ -61,11 +65,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal:
         if with_lse:
             return o.zero_(), lse.fill_(-math.inf)
         return o.zero_()
-    q, k, v = _operand(q), _operand(k), _operand(v)
     unfused = r.abi == "unfused"
     limit = INT32_LIMIT
+    one_launch = o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit)
+    in_place = one_launch and "strided" in r.features  # read Q, K, V where they lie (O stays contiguous)
+    q, k, v = _operand(q, in_place), _operand(k, in_place), _operand(v, in_place)
     with _device_guard(q.device.index):
-        if o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit):
+        if one_launch:
             _launch.run_rung(r, q, k, v, o, scale, causal=is_causal, lse=lse)
         else:
             chunks = plan_chunks(

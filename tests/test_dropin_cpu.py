@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnclimb
-from attnclimb import ops, sdpa, support
+from attnclimb import ops, rungs, sdpa, support
 from attnclimb.runtime.layout import INT32_LIMIT, needs_copy, plan_chunks, tma_layout_reason
 
 BF16 = torch.bfloat16
@@ -702,6 +702,37 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3).to(BF16)
     assert len(calls) == launches and len(set(calls)) == launches
     assert out.is_contiguous() and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("rung", [12, 9])
+def test_forward_reads_tma_layouts_in_place_on_strided_rungs(monkeypatch, rung):
+    """One launch on a rung with the "strided" feature (the top rung): a BSHD view and a fused-QKV slice
+    reach the kernel as they are (no copy), an unaligned one is copied; other rungs get contiguous copies."""
+    import contextlib
+
+    seen = {}
+
+    def fake_run_rung(r, q, k, v, o, scale, causal=False, lse=None):
+        seen.update(q=q, k=k, v=v, o=o)
+        o.copy_(F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale))
+
+    monkeypatch.setattr(ops._launch, "run_rung", fake_run_rung)
+    monkeypatch.setattr(ops, "_device_guard", lambda index: contextlib.nullcontext())
+    g = torch.Generator().manual_seed(1)
+    b, s, h, d = 2, 40, 3, 128
+    qkv = torch.randn(b, s, 3, h, d, generator=g).to(BF16)
+    q = qkv[:, :, 0].transpose(1, 2)  # a slice of a fused QKV buffer: row stride 3·H·D
+    k = torch.randn(b, s, h, d, generator=g).to(BF16).transpose(1, 2)  # a BSHD view
+    v_buf = torch.randn(b * h * s * d + 1, generator=g).to(BF16)
+    v = v_buf[1:].view(b, h, s, d)  # contiguous but 2 bytes off 16-byte alignment: TMA cannot read it
+    out = ops.forward(q, k, v, 0.3, rung)
+    in_place = "strided" in rungs.BY_NUMBER[rung].features
+    assert (seen["q"].data_ptr() == q.data_ptr()) == in_place and (seen["k"] is k) == in_place
+    assert all(t.is_contiguous() for t in (seen["q"], seen["k"])) != in_place
+    assert seen["v"].data_ptr() != v.data_ptr() and seen["v"].is_contiguous()  # copied either way
+    assert seen["o"].is_contiguous()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3).to(BF16)
+    assert torch.equal(out, ref)
 
 
 def test_plan_slices_are_contiguous_views():
