@@ -88,18 +88,20 @@ def _source_page(path: Path) -> str:
     return f"# `{rel}`\n\n{fence}{LANGS.get(path.suffix, 'text')}\n{text}\n{fence}\n"
 
 
+def _nav_title(page: Path) -> str:
+    """A page's navigation title: its first line, without the ``# `` and Markdown backticks."""
+    return page.read_text(encoding="utf-8").splitlines()[0].lstrip("# ").strip().replace("`", "")
+
+
 def on_config(config):
-    rung_pages = sorted((Path(config.docs_dir) / "rungs").glob("[0-9][0-9]-*.md"))
-    rungs = []
-    for page in rung_pages:
-        first = page.read_text(encoding="utf-8").splitlines()[0]
-        rungs.append({first.lstrip("# ").strip().replace("`", ""): f"rungs/{page.name}"})
+    docs = Path(config.docs_dir)
+    rungs = [{_nav_title(page): f"rungs/{page.name}"} for page in sorted((docs / "rungs").glob("[0-9][0-9]-*.md"))]
     # Every other top-level page (the drop-in guide, the capstone, ...) by its title, in file order.
-    guides = []
-    for page in sorted(Path(config.docs_dir).glob("*.md")):
-        if page.name not in ("index.md", "kernel-abi.md"):
-            first = page.read_text(encoding="utf-8").splitlines()[0]
-            guides.append({first.lstrip("# ").strip().replace("`", ""): page.name})
+    guides = [
+        {_nav_title(page): page.name}
+        for page in sorted(docs.glob("*.md"))
+        if page.name not in ("index.md", "kernel-abi.md")
+    ]
     config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}, *guides]
     return config
 
