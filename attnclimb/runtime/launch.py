@@ -237,11 +237,16 @@ def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
     key = (t.data_ptr(), bh, rows, box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
-        tm = tensor_map(t.view(bh, rows, t.shape[-1]), box_rows)
-        with _lock:
-            if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
-                _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
-            _TMAP_CACHE[key] = tm
+        tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows))
+    return tm
+
+
+def _remember(key, tm):
+    """Store ``tm`` in the tensor-map cache under ``key``, dropping the oldest entry when it is full."""
+    with _lock:
+        if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
+            _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
+        _TMAP_CACHE[key] = tm
     return tm
 
 
@@ -337,15 +342,12 @@ def _check_strided(q, k, v, o) -> None:
         raise ValueError(f"o's strides {o.stride()} must be even and its base 4-byte aligned (bf16x2 stores)")
 
 
-_TMAP4_CACHE: dict = {}
-
-
 def _tensor_map_4d(t, box_rows: int, device_index: int):
     """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 tensor, as it lies (box ``(64, box_rows, 1, 1)``,
-    128-byte swizzle, zero OOB fill), memoised by (address, shape, strides, box, device) like the 3-D maps.
+    128-byte swizzle, zero OOB fill), memoised in the 3-D maps' cache by (address, shape, strides, box, device).
     A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), box_rows, device_index)
-    tm = _TMAP4_CACHE.get(key)
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), box_rows, device_index)  # never equal to a 3-D map's key
+    tm = _TMAP_CACHE.get(key)
     if tm is None:
         strides = list(t.stride())
         packed = t.shape[-1]
@@ -353,11 +355,7 @@ def _tensor_map_4d(t, box_rows: int, device_index: int):
             if t.shape[i] == 1:
                 strides[i] = packed
             packed *= t.shape[i]
-        tm = _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, PANEL_COLS))
-        with _lock:
-            if len(_TMAP4_CACHE) >= _TMAP_CACHE_SIZE:
-                _TMAP4_CACHE.pop(next(iter(_TMAP4_CACHE)))
-            _TMAP4_CACHE[key] = tm
+        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, PANEL_COLS)))
     return tm
 
 
