@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const int num_n_blocks_all = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
 
     // Work tile -> (query head bh, first row m_start, K/V head, K/V tiles to visit). Causal: the last
-    // m-block of a head first (it has the most K/V tiles), and only the keys up to the tile's last row.
+    // m-blocks (they have the most K/V tiles) first, and only the keys up to the tile's last row.
     struct Work {
         int bh, m_start, bh_kv, num_n;
     };
@@ -123,12 +123,20 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         Work w;
         w.bh = work / num_m_blocks;
         w.m_start = (work % num_m_blocks) * BLOCK_M;
-        w.bh_kv = w.bh;
         w.num_n = num_n_blocks_all;
 #if CAUSAL
-        w.m_start = (num_m_blocks - 1 - work % num_m_blocks) * BLOCK_M;
+        // A static longest-first order: the heaviest m-block of every (batch, head) first, and every whole
+        // wave of gridDim.x tiles dealt in the opposite direction to the one before (a snake), so that the
+        // CTA that got the heaviest tile of one wave gets the lightest of the next.
+        const int bh_count = num_tiles / num_m_blocks, wave = work / gridDim.x;
+        const int tile = (wave & 1) && (wave + 1) * gridDim.x <= num_tiles
+                             ? wave * gridDim.x + (gridDim.x - 1 - work % gridDim.x)
+                             : work;
+        w.bh = tile % bh_count;
+        w.m_start = (num_m_blocks - 1 - tile / bh_count) * BLOCK_M;
         w.num_n = (min(seqlen_k, w.m_start + BLOCK_M) + BLOCK_N - 1) / BLOCK_N;
 #endif
+        w.bh_kv = w.bh;
 #if GQA
         w.bh_kv = (w.bh / heads_q) * (heads_q / kv_group) + (w.bh % heads_q) / kv_group;
 #endif
