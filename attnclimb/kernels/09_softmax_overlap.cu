@@ -87,6 +87,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];        // V tile of the stage has landed
     __shared__ __align__(8) uint64_t bar_k_empty[NUM_STAGES];  // every consumer warp is done with K
     __shared__ __align__(8) uint64_t bar_v_empty[NUM_STAGES];  // every consumer warp is done with V
+    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -292,6 +293,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         float alpha[2];
         softmax_tile(nb * BLOCK_N, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
         TRACE_END(SOFTMAX);
+        // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
+        hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
         // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
         TRACE_BEGIN(PV);

@@ -49,11 +49,17 @@
 #ifndef STRIDED
 #define STRIDED 0
 #endif
+#ifndef CAUSAL_L2_BYTES
+#define CAUSAL_L2_BYTES \
+    (32ll << 20)  // causal tile order: K and V of this many bytes' worth of heads at a time
+#endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
-constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 <= 64 K
+// setmaxnreg targets: 128·24 + 256·240 <= 64 K. The causal, grouped-query, strided variant's producer
+// (tile order, K/V head and 4-D coordinates) needs 32, the most that 256·240 leaves.
+constexpr int PRODUCER_REGS = CAUSAL && GQA && STRIDED ? 32 : 24;
 constexpr int CONSUMER_REGS = 240;
 constexpr int WARP_ROWS = 16;                          // rows of Q per warp (its part of a wgmma's M = 64)
 constexpr int WARPGROUP_ROWS = 64;                     // M of one wgmma: 4 warps x 16 rows
@@ -107,33 +113,56 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];        // V tile of the stage has landed
     __shared__ __align__(8) uint64_t bar_k_empty[NUM_STAGES];  // every consumer warp is done with K
     __shared__ __align__(8) uint64_t bar_v_empty[NUM_STAGES];  // every consumer warp is done with V
+    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     TRACE_INIT();
 
-    const int num_n_blocks_all = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
-
-    // Work tile -> (query head bh, first row m_start, K/V head, K/V tiles to visit). Causal: the last
-    // m-blocks (they have the most K/V tiles) first, and only the keys up to the tile's last row.
+    // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
+    // Work tile -> (query head bh, first row m_start, K/V head, K/V tiles to visit).
     struct Work {
         int bh, m_start, bh_kv, num_n;
     };
-    auto work_of = [&](int work) {
+#if !CAUSAL
+    const int num_n_blocks_all = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    auto tile_of = [&](int work) { return work; };
+    auto work_of = [&](int tile) {
         Work w;
-        w.bh = work / num_m_blocks;
-        w.m_start = (work % num_m_blocks) * BLOCK_M;
+        w.bh = tile / num_m_blocks;
+        w.m_start = (tile % num_m_blocks) * BLOCK_M;
         w.num_n = num_n_blocks_all;
-#if CAUSAL
-        // A static longest-first order: the heaviest m-block of every (batch, head) first, and every whole
-        // wave of gridDim.x tiles dealt in the opposite direction to the one before (a snake), so that the
-        // CTA that got the heaviest tile of one wave gets the lightest of the next.
-        const int bh_count = num_tiles / num_m_blocks, wave = work / gridDim.x;
-        const int tile = (wave & 1) && (wave + 1) * gridDim.x <= num_tiles
-                             ? wave * gridDim.x + (gridDim.x - 1 - work % gridDim.x)
-                             : work;
-        w.bh = tile % bh_count;
-        w.m_start = (num_m_blocks - 1 - tile / bh_count) * BLOCK_M;
+#else
+    // Causal: an m-block's cost grows with its index, and a tile visits only the keys up to its last row.
+    // Heads whose K and V fit in L2 together (CAUSAL_L2_BYTES) go in a static longest-first order: the
+    // heaviest m-block of every head first, each whole wave of gridDim.x tiles dealt in the opposite
+    // direction to the one before (a snake: the CTA given the heaviest tile of one wave gets the lightest
+    // of the next). More heads than that go head by head, for L2, each CTA taking two neighbours of the
+    // list m-block nmb-1, 0, nmb-2, 1, ... (a heavy one and its light complement: equal pairs).
+    const int bh_count = num_tiles / num_m_blocks;
+    long long kv_bytes = 2ll * seqlen_k * HEAD_DIM * sizeof(bf16) * bh_count;  // K and V of every head
+#if GQA
+    kv_bytes /= kv_group;  // query heads of one group share them
+#endif
+    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES;
+    auto tile_of = [&](int work) {
+        const int wave = work / gridDim.x, c = work % gridDim.x;
+        if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
+        return (wave & 1) && (wave + 1) * gridDim.x <= num_tiles ? wave * gridDim.x + (gridDim.x - 1 - c)
+                                                                 : work;
+    };
+    auto work_of = [&](int tile) {
+        Work w;
+        int mb;
+        if (by_pairs) {
+            w.bh = tile / num_m_blocks;
+            const int r = tile % num_m_blocks;
+            mb = r & 1 ? r >> 1 : num_m_blocks - 1 - (r >> 1);
+        } else {
+            w.bh = tile % bh_count;
+            mb = num_m_blocks - 1 - tile / bh_count;
+        }
+        w.m_start = mb * BLOCK_M;
         w.num_n = (min(seqlen_k, w.m_start + BLOCK_M) + BLOCK_N - 1) / BLOCK_N;
 #endif
         w.bh_kv = w.bh;
@@ -193,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         if (tid == 0) {
             hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V load number `kv` 's slot
             int kv = 0;                           // K/V tiles loaded so far, over all of this CTA's tiles
-            for (int work = blockIdx.x, it = 0; work < num_tiles; work += gridDim.x, ++it) {
-                const Work w = work_of(work);
+            for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {
+                const Work w = work_of(tile_of(work));
                 const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;
                 // The Q buffer is free once every consumer warp's last S of the previous work tile is done.
                 TRACE_BEGIN(WAIT_Q_EMPTY);
@@ -332,8 +361,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V tile number `kv` 's slot
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
 
-    for (int work = blockIdx.x, it = 0; work < num_tiles; work += gridDim.x, ++it) {
-        const Work w = work_of(work);
+    for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {
+        const Work w = work_of(tile_of(work));
         const int bh = w.bh, m_start = w.m_start, num_n_blocks = w.num_n;
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
@@ -403,6 +432,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             softmax_tile(nb * BLOCK_N, m_start, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
             TRACE_END(SOFTMAX);
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
             // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
             TRACE_BEGIN(PV);
@@ -442,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::reg_fence(o_acc);
         gemm_pv_async<BLOCK_N>(o_acc, p_frag, smem_addr(s_v + pv_slot * KV_TILE_BYTES), KV_PANEL);
         // Warpgroup 1's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if (wg == 0 || work + gridDim.x < num_tiles) hop::named_bar_arrive(other_turn, TURN_THREADS);
+        if (wg == 0 || tile_of(work + gridDim.x) < num_tiles) hop::named_bar_arrive(other_turn, TURN_THREADS);
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);

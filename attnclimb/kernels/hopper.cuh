@@ -221,6 +221,15 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// Keeps the computation of `x` above the next wgmma wait. ptxas schedules a wgmma.wait_group
+// (WARPGROUP.DEPBAR) as early in its basic block as the registers allow, so arithmetic that the source
+// puts between the issue of a wgmma group and its wait (the softmax under P·V: FlashAttention-3 Sec. 3.2)
+// ends up after the wait, serialised with the GEMM. A shared-memory store stays before the wait, and with
+// it everything the stored value depends on. `slot` is a per-thread scratch word (no other reader).
+__device__ __forceinline__ void keep_above_wait(uint32_t slot, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(slot), "f"(x) : "memory");
+}
+
 // Compiler-only fence on registers: an empty asm that "reads and writes" each register, so the
 // compiler can neither move ordinary arithmetic on accumulators into the window between a wgmma
 // issue and its wait, nor hoist reads of the results above the wait (volatile asms keep their order).
