@@ -57,8 +57,11 @@ CAUSAL_SHAPES = [
     (1, 2, 1000, 129),  # Sq > Sk: rows past Sk see every key
     (1, 2, 129, 1000),  # Sq < Sk: keys past Sq are never seen
     (1, 2, 4096, 4096),
-    (3, 40, 700, 700),  # more work tiles than SMs: the heaviest-first order and the persistent loop
+    (3, 40, 700, 700),  # more work tiles than SMs: the heaviest-first (snake) order and the persistent loop
     (1, 1, 177, 353),
+    # K and V of all heads above CAUSAL_L2_BYTES (32 MiB): the head-by-head order in heavy/light pairs, with an
+    # odd number of m-blocks per head (71), so that pairs straddle two heads
+    (1, 8, 9000, 9000),
 ]
 
 
