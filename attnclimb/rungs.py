@@ -48,6 +48,9 @@ class Rung:
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
             variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
             ``runtime.launch.feature_variant``.
+        causal_short: ``(max_seqlen_k, fields)``: causal calls of ``head_dim`` with ``seqlen_k <= max_seqlen_k``
+            compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
+            tile above the diagonal); ``None``: one causal tile for every length.
     """
 
     number: int
@@ -67,6 +70,7 @@ class Rung:
     features: tuple = ()
     head_dim: int = HEAD_DIM
     head_dims: dict = field(default_factory=dict)
+    causal_short: tuple | None = None
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
@@ -334,6 +338,10 @@ RUNGS: tuple[Rung, ...] = (
         # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
         # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
         head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+        # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
+        # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
+        # (benchmarks/ab/ab-causal-tiles-h200.json)
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
 )
 

@@ -190,15 +190,21 @@ def test_shared_memory_has_one_source_of_truth():
 
 
 FEATURE_COMBOS = [(c, g, w, st) for c in (0, 1) for g in (0, 1) for w in (0, 1) for st in (0, 1) if c or g or w or st]
+# causal calls up to Rung.causal_short's seqlen_k take its tiles: those variants too
+SHORT_K = rungs.TOP.causal_short[0] if rungs.TOP.causal_short else None
+FEATURE_COMBOS += [(c, g, w, st, SHORT_K) for c, g, w, st in FEATURE_COMBOS if c and SHORT_K]
 
 
-@pytest.mark.parametrize(("causal", "gqa", "lse", "strided"), FEATURE_COMBOS)
-def test_top_rung_feature_variants_compile(causal, gqa, lse, strided):
+@pytest.mark.parametrize(("causal", "gqa", "lse", "strided", "seqlen_k"), [(*c, None)[:5] for c in FEATURE_COMBOS])
+def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
     """Each compile-time variant of the top rung (issues 8 and 9) builds for sm_90a without spills or local
     memory and keeps the rung's Hopper instructions."""
     from attnclimb.runtime.launch import feature_variant
 
-    c = compile_rung(feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided)), "sm_90a")
+    r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), seqlen_k=seqlen_k)
+    if seqlen_k is not None:
+        assert r.block_n == rungs.TOP.causal_short[1]["block_n"]
+    c = compile_rung(r, "sm_90a")
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     if find_cuobjdump() is not None:
@@ -226,6 +232,13 @@ def test_feature_variant_refuses_missing_features():
 
     assert feature_variant(rungs.TOP, False, False, False) is rungs.TOP
     assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
+    # every short causal length maps to one variant (compiled and loaded once), long ones to the default tiles
+    short = rungs.TOP.causal_short[0]
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=1) is feature_variant(
+        rungs.TOP, True, False, False, seqlen_k=short
+    )
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=short + 1).block_n == rungs.TOP.block_n
+    assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
     with pytest.raises(ValueError, match="causal"):
         feature_variant(rungs.get(11), True, False, False)
 

@@ -300,19 +300,37 @@ class _UnownedBf16:
         }
 
 
-@functools.cache
 def feature_variant(
-    rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool = False, head_dim: int | None = None
+    rung: Rung,
+    causal: bool,
+    gqa: bool,
+    lse: bool,
+    strided: bool = False,
+    head_dim: int | None = None,
+    seqlen_k: int | None = None,
 ) -> Rung:
     """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9) and
     ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes),
-    memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself.
-    ``ValueError`` when the rung lacks a requested feature or head_dim."""
+    memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself. A causal
+    call of ``rung.head_dim`` with ``seqlen_k`` up to ``Rung.causal_short``'s bound takes that entry's tile
+    sizes. ``ValueError`` when the rung lacks a requested feature or head_dim."""
+    head_dim = rung.head_dim if head_dim is None else head_dim
+    short = bool(
+        causal
+        and head_dim == rung.head_dim
+        and rung.causal_short is not None
+        and seqlen_k is not None
+        and seqlen_k <= rung.causal_short[0]
+    )
+    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short)
+
+
+@functools.cache
+def _variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, short: bool) -> Rung:
     want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided}
     missing = [f for f, on in want.items() if on and f not in rung.features]
     if missing:
         raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
-    head_dim = rung.head_dim if head_dim is None else head_dim
     if head_dim != rung.head_dim and head_dim not in rung.head_dims:
         dims = sorted({rung.head_dim, *rung.head_dims})
         raise ValueError(f"{rung.key} does not support head_dim {head_dim} (supported: {dims})")
@@ -320,6 +338,8 @@ def feature_variant(
         return rung
     if head_dim != rung.head_dim:
         rung = dataclasses.replace(rung, head_dim=head_dim, **rung.head_dims[head_dim])
+    elif short:
+        rung = dataclasses.replace(rung, **rung.causal_short[1])
     defines = {
         **rung.extra_defines,
         "CAUSAL": int(causal),
@@ -385,7 +405,7 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     # rung with the "strided" feature; each must pass layout.tma_layout_reason (and O's strides be even).
     strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous())
     if causal or gqa or lse is not None or strided or head_dim != rung.head_dim:
-        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim)
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2])
     if strided:
         _check_strided(q, k, v, o)
     dev = q.device.index
