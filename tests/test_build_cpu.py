@@ -195,6 +195,22 @@ SHORT_K = rungs.TOP.causal_short[0] if rungs.TOP.causal_short else None
 FEATURE_COMBOS += [(c, g, w, st, SHORT_K) for c, g, w, st in FEATURE_COMBOS if c and SHORT_K]
 
 
+def launch_regs(threads: int) -> int:
+    """Registers per thread that a CTA of ``threads`` gets at launch under ``__launch_bounds__(threads, 1)``."""
+    return min(255, 65536 // threads // 8 * 8)
+
+
+@pytest.mark.parametrize("key", [r.key for r in rungs.RUNGS if "USETMAXREG" in r.sass_required])
+def test_setmaxnreg_pool_is_the_launch_allocation(compiled, key):
+    """setmaxnreg only moves registers inside the CTA's pool, the launch allocation (PTX ISA "setmaxnreg":
+    an .inc the pool cannot serve blocks for ever). The kernels' static_asserts bound their targets by
+    65536 / NUM_THREADS rounded down to 8; this checks that ptxas allocates exactly that much. (A 32-register
+    producer beside 240-register consumers once hung the causal GQA strided variant on the GPU.)"""
+    r = rungs.BY_NUMBER[int(key[4:])]
+    for res in compiled[key].resources:
+        assert res.registers == launch_regs(r.threads), compiled[key].log
+
+
 @pytest.mark.parametrize(("causal", "gqa", "lse", "strided", "seqlen_k"), [(*c, None)[:5] for c in FEATURE_COMBOS])
 def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
     """Each compile-time variant of the top rung (issues 8 and 9) builds for sm_90a without spills or local
@@ -207,6 +223,8 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
     c = compile_rung(r, "sm_90a")
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert res.registers == launch_regs(r.threads)  # the setmaxnreg pool (see the next test)
+        assert r.smem_bytes + res.static_smem <= 227 * 1024
     if find_cuobjdump() is not None:
         text = sass(c.cubin)
         assert not re.search(r"\b(LDL|STL)\b", text)
