@@ -275,3 +275,35 @@ def test_top_rung_head_dim_variants_compile(head_dim, causal, strided):
     assert r.smem_bytes + max(res.static_smem for res in c.resources) <= 227 * 1024
     with pytest.raises(ValueError, match="head_dim 96"):
         feature_variant(rungs.TOP, False, False, False, False, 96)
+
+
+OVERLAP_RUNGS = [r.key for r in rungs.RUNGS if r.number >= 9]
+
+
+def _overlap_cases():
+    from attnclimb.runtime.launch import feature_variant
+
+    top = rungs.TOP
+    cases = [(key, rungs.BY_NUMBER[int(key[4:])]) for key in OVERLAP_RUNGS]
+    cases.append(("top-causal-gqa-strided", feature_variant(top, True, True, True, True)))
+    cases.append(("top-causal-short", feature_variant(top, True, False, False, seqlen_k=1)))
+    cases += [(f"top-hd{d}", feature_variant(top, False, False, False, head_dim=d)) for d in top.head_dims]
+    return cases
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("case", _overlap_cases(), ids=lambda c: c[0])
+def test_softmax_runs_under_the_pv_wgmma(case):
+    """Rungs 9 and up overlap a warpgroup's softmax with its own P·V (FA3 Sec. 3.2): in the steady loop, after
+    the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) the whole softmax (BLOCK_N / 2 MUFU.EX2 per thread)
+    must come before the wait for P·V (``... 0x0``). ptxas is free to schedule that wait first and did
+    (issue 13); ``hop::keep_above_wait`` holds it, which this checks stays true."""
+    _, r = case
+    lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
+    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
+    assert waits, "no wait_group 1 in the kernel"
+    for i in waits:
+        j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
+        assert "gsb0, 0x0" in lines[j]
+        ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
+        assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"

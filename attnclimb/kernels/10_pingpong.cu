@@ -36,7 +36,7 @@
 constexpr int NUM_WARPS = NUM_THREADS / 32;
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
-constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 <= 64 K
+constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 = 384·168, the CTA's pool
 constexpr int CONSUMER_REGS = 240;
 constexpr int WARP_ROWS = 16;                       // rows of Q per warp (its part of a wgmma's M = 64)
 constexpr int WARPGROUP_ROWS = 64;                  // M of one wgmma: 4 warps x 16 rows

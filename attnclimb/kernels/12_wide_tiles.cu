@@ -139,17 +139,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         w.num_n = num_n_blocks_all;
 #else
     // Causal: an m-block's cost grows with its index, and a tile visits only the keys up to its last row.
-    // Heads whose K and V fit in L2 together (CAUSAL_L2_BYTES) go in a static longest-first order: the
-    // heaviest m-block of every head first, each whole wave of gridDim.x tiles dealt in the opposite
-    // direction to the one before (a snake: the CTA given the heaviest tile of one wave gets the lightest
-    // of the next). More heads than that go head by head, for L2, each CTA taking two neighbours of the
-    // list m-block nmb-1, 0, nmb-2, 1, ... (a heavy one and its light complement: equal pairs).
+    // Heads whose K and V (the keys any row reads) fit in L2 together (CAUSAL_L2_BYTES) go in a static
+    // longest-first order: the heaviest m-block of every head first, each whole wave of gridDim.x tiles
+    // dealt in the opposite direction to the one before (a snake: the CTA given the heaviest tile of one
+    // wave gets the lightest of the next). More heads than that go head by head, for L2, each CTA taking
+    // two neighbours of the list m-block nmb-1, 0, nmb-2, 1, ... (a heavy one and its light complement:
+    // equal pairs, except where an odd nmb makes a pair straddle two heads), when there are enough tiles
+    // for every CTA to get a pair.
     const int bh_count = num_tiles / num_m_blocks;
-    long long kv_bytes = 2ll * seqlen_k * HEAD_DIM * sizeof(bf16) * bh_count;  // K and V of every head
+    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(bf16) * bh_count;
 #if GQA
     kv_bytes /= kv_group;  // query heads of one group share them
 #endif
-    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES;
+    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
     auto tile_of = [&](int work) {
         const int wave = work / gridDim.x, c = work % gridDim.x;
         if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
