@@ -340,8 +340,10 @@ def ring_attention(
     of the next one from ``rank - 1`` (``torch.distributed.batch_isend_irecv``, K and V packed in one
     buffer, two buffers alternating), runs ``local_attention`` on the part of the block that
     :func:`ring_schedule` says is visible, merges the partial (O, LSE) into fp32 accumulators
-    (:func:`merge_into`), then waits for the receive. So the transfer of the next block overlaps the
-    attention of this one (on a GPU: NCCL runs the transfer on its own stream). The idea is Liu et al.
+    (:func:`merge_into`), then waits for the receive. So the transfer of the next block can overlap the
+    attention of this one (on a GPU NCCL runs it on its own stream; whether it really runs beside the
+    persistent top rung, which holds every SM, is to be measured: ``docs/distributed.md``, "Overlap on the
+    GPU"). The idea is Liu et al.
     2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context"; the merge is
     FlashAttention's online softmax over whole blocks.
 

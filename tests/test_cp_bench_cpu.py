@@ -109,7 +109,7 @@ def _args(**kw):
     return Namespace(**{**base, **kw})
 
 
-def test_main_exits_2_without_torchrun_or_gpu(monkeypatch, capsys):
+def test_main_exits_2_without_torchrun_or_hopper(monkeypatch, capsys):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert cp.main(_args()) == 2
     assert "torchrun --nproc-per-node" in capsys.readouterr().err

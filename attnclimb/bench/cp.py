@@ -2,17 +2,17 @@
 
 Launched once per GPU by ``torchrun`` (``torchrun --nproc-per-node N -m attnclimb cp-bench``), over NCCL.
 Per shape and mask: every rank builds the whole sequence's Q, K, V (one seed, so the same on every rank),
-times attnclimb's top rung on all of it (the 1-GPU time; every rank measures it on its own GPU, the
-median over ranks is reported), then for each scheme (:mod:`attnclimb.distributed`: ``ring`` and
-``ulysses``) checks its output on this rank's shard against that single-GPU output and against float64 on
-a sample of rows, and times it (every rank's mean time per call after a barrier; the slowest rank's time
-is the N-GPU time). Parallel efficiency = ``t_1 / (N * t_N)``.
+times attnclimb's top rung on all of it (``attnclimb.attention``, no LSE: the 1-GPU time; every rank
+measures it on its own GPU, the median over ranks is reported), then for each scheme
+(:mod:`attnclimb.distributed`: ``ring`` and ``ulysses``) checks its output on this rank's shard against
+that single-GPU output and against float64 on a sample of rows, and times it (every rank's mean time per
+call after a barrier; the slowest rank's time is the N-GPU time). Parallel efficiency = ``t_1 / (N * t_N)``.
 
 Each row also carries the communication model of ``docs/distributed.md`` (:func:`comm_model`): the bytes
 each rank sends, the FLOPs each rank computes, and the link bandwidth at which the communication would
-take as long as the computation at the measured single-GPU throughput (the ring overlaps the two, so
-above that bandwidth its transfers hide under the attention; Ulysses' all-to-alls do not overlap, and add
-``that bandwidth / link bandwidth`` of the compute time).
+take as long as the computation at the measured single-GPU throughput (the ring posts its transfers to
+overlap the attention, so above that bandwidth they can hide under it, if the GPU runs them side by side;
+Ulysses' all-to-alls do not overlap, and add ``that bandwidth / link bandwidth`` of the compute time).
 
 Rank 0 writes ``<out>/x<N>/<device>-YYYYMMDD-HHMMSS.json`` and ``latest.json`` there (the environment as
 ``bench`` collects it: device, driver, versions, commit, date; plus the world size and NCCL's version)
@@ -256,6 +256,20 @@ def wall_timer(fn, warmup: int, iters: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def kernel_attention(q, k, v, *, scale, is_causal):
+    """The 1-GPU baseline: :func:`attnclimb.attention` (the top rung, no LSE)."""
+    from ..api import attention
+
+    return attention(q, k, v, scale=scale, is_causal=is_causal)
+
+
+def _exact_output(q, k, v, *, scale, is_causal):
+    """The ``--device cpu`` baseline: the float64 reference's O."""
+    from ..distributed import exact_local_attention
+
+    return exact_local_attention(q, k, v, scale=scale, is_causal=is_causal)[0]
+
+
 def _full_inputs(shape, device, dtype, seed):
     import torch
 
@@ -276,6 +290,7 @@ def run_cp_bench(
     device="cuda",
     dtype=None,
     local_attention=None,
+    single_gpu=None,
     timer=cuda_timer,
     warmup: int = DEFAULT_WARMUP,
     iters: int = DEFAULT_ITERS,
@@ -290,8 +305,10 @@ def run_cp_bench(
         schemes: names from :data:`SCHEMES`.
         causal_modes: e.g. ``(False,)`` or ``(False, True)``.
         device, dtype: where and in what the inputs live (default bf16).
-        local_attention: as in :func:`attnclimb.distributed.ring_attention` (default the top rung); also
-            what the 1-GPU time runs.
+        local_attention: as in :func:`attnclimb.distributed.ring_attention` (default the top rung with its
+            LSE).
+        single_gpu: ``f(q, k, v, *, scale, is_causal) -> O``, the 1-GPU baseline that is timed and checked
+            against (default :func:`kernel_attention`: the top rung without the LSE, what one GPU would run).
         timer: ``timer(fn, warmup, iters) -> ms`` per call on this rank (:func:`cuda_timer`; the CPU tests
             pass :func:`wall_timer`).
         log: ``log(text)`` for progress lines (rank 0 passes ``print``).
@@ -304,6 +321,7 @@ def run_cp_bench(
 
     dtype = torch.bfloat16 if dtype is None else dtype
     local_attention = cp.kernel_local_attention if local_attention is None else local_attention
+    single_gpu = kernel_attention if single_gpu is None else single_gpu
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     log = log or (lambda text: None)
 
@@ -330,9 +348,9 @@ def run_cp_bench(
             label = f"{shape.label}{' causal' if causal else ''}"
 
             def one_gpu(q=q, k=k, v=v, scale=scale, causal=causal):
-                return local_attention(q, k, v, scale=scale, is_causal=causal)
+                return single_gpu(q, k, v, scale=scale, is_causal=causal)
 
-            ref = one_gpu()[0]
+            ref = one_gpu()
             ms_ranks = gather(timed(one_gpu))
             ms_1 = statistics.median(ms_ranks)
             log(f"{label}: 1 GPU {ms_1:.3f} ms (ranks: {', '.join(f'{x:.3f}' for x in ms_ranks)})")
@@ -571,7 +589,7 @@ def main(args) -> int:
             from ..distributed import exact_local_attention
 
             kw = {"device": "cpu", "dtype": torch.float32, "local_attention": exact_local_attention}
-            kw["timer"] = wall_timer
+            kw.update(single_gpu=_exact_output, timer=wall_timer)
         else:
             kw = {"device": "cuda"}
         rows = run_cp_bench(
