@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnclimb.bench import peers, report, run, shapes, timing
-from attnclimb.rungs import RUNGS
+from attnclimb.rungs import RUNGS, TOP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,6 +23,16 @@ def test_flop_formula():
     assert shapes.attention_flops(4, 16, 4096, 4096, 128) == 4 * 4 * 16 * 4096 * 4096 * 128
     assert shapes.attention_flops(4, 16, 4096, 4096, 128, causal=True) == 2 * 4 * 16 * 4096 * 4096 * 128
     assert shapes.attention_flops(1, 2, 3, 5, 128) == 4 * 2 * 3 * 5 * 128  # Sq != Sk
+    # head_dim counts linearly: 32 heads of 64 and 8 heads of 256 do the work of 16 heads of 128
+    assert shapes.attention_flops(2, 32, 8192, 8192, 64) == 4 * 2 * 32 * 8192 * 8192 * 64
+    assert shapes.attention_flops(2, 8, 8192, 8192, 256, causal=True) == 2 * 2 * 8 * 8192 * 8192 * 256
+    assert shapes.attention_flops(2, 32, 8192, 8192, 64) == shapes.attention_flops(2, 16, 8192, 8192, 128)
+    assert shapes.attention_flops(2, 8, 8192, 8192, 256) == shapes.attention_flops(2, 16, 8192, 8192, 128)
+    assert shapes.attention_flops(1, 1, 10, 10, 256) == 2 * shapes.attention_flops(1, 1, 10, 10, 128)
+    d256 = shapes.FEATURE_SHAPES["fa-8k-d256-causal"]
+    row = run.make_row("rung12", d256, "ok", ms=2.0)
+    assert (row["head_dim"], row["heads"], row["causal"]) == (256, 8, True)
+    assert row["tflops"] == pytest.approx(2 * 2 * 8 * 8192 * 8192 * 256 / 2e-3 / 1e12, rel=1e-5)
     # 1 ms for 1e12 FLOPs is 1000 TFLOP/s
     assert shapes.tflops(1e12, 1.0) == pytest.approx(1000.0)
     # the FA 4k shape at 0.9 ms: 4*4*16*4096^2*128 / 0.9e-3 / 1e12
@@ -83,8 +93,12 @@ def test_quick_and_parsed_shapes():
     assert [(s.seqlen_q, s.group) for s in quick] == [(4096, "main"), (16384, "main"), (32760, "main")] + [
         (4096, "features"),
         (8192, "features"),
+        (8192, "features"),
     ]
-    assert [s.name for s in quick[3:]] == ["fa-4k-causal", "fa-8k-gqa32x8-causal"]
+    # one feature column each: causal, GQA, and of the head dims 256 (its own tile sizes; 64 keeps 128's)
+    assert [s.name for s in quick[3:]] == ["fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d256-causal"]
+    assert [s.head_dim for s in quick] == [128] * 5 + [256]
+    assert TOP.head_dims[256] and not TOP.head_dims[64]  # why 256: the variant that changes the tiles
     assert [s.seqlen_q for s in shapes.default_shapes(quick=True, features=False)] == [4096, 16384, 32760]
     assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
     assert shapes.parse_seqlens("wan-cross,WAN14B,wan2.1-14b-720p,wan2.1-1.3b-480p") == ("wan-cross", "wan14b", "wan")
@@ -207,6 +221,11 @@ def test_inputs_and_reference_for_gqa_and_causal_on_cpu(causal):
     q, k, v = sets[0]
     assert q.shape == (2, 4, 40, 128) and k.shape == v.shape == (2, 2, 24, 128)
     assert not torch.equal(sets[0][0], sets[1][0])
+    for d in (64, 256):  # the inputs take the shape's head_dim
+        other = shapes.Shape("g", "g", 2, 4, 40, 24, head_dim=d, causal=causal, heads_kv=2)
+        oq, ok_, ov = timing.make_inputs(other, 1, device="cpu")[0]
+        assert (oq.shape, ok_.shape, ov.shape) == ((2, 4, 40, d), (2, 2, 24, d), (2, 2, 24, d))
+        assert oq.dtype == ok_.dtype == ov.dtype == torch.bfloat16
     pairs = [(0, 0), (0, 1), (1, 2), (1, 3)]
     refs = timing.reference_slices(q, k, v, pairs, chunk_rows=7, causal=causal)
     want = torch.nn.functional.scaled_dot_product_attention(

@@ -4,7 +4,7 @@ Each implementation is an :class:`Impl` with a uniform protocol so the runner tr
 
 * ``available()`` -> ``(bool, reason)``: checked once per run (e.g. FA4 not importable);
 * ``unsupported(shape)`` -> reason or ``None``: a shape the implementation cannot compute (a rung without
-  the causal or GQA variant), skipped with the reason even with ``--no-limits``;
+  the causal, GQA or head_dim variant), skipped with the reason even with ``--no-limits``;
 * ``for_shape(shape)`` -> the implementation set up for ``shape``'s variant (``causal``, ``gqa``): itself
   for a plain shape, else a shallow copy with those attributes set, which ``call`` reads;
 * ``context()``: a context manager entered around the check and the timing (SDPA backend pinning);
@@ -12,8 +12,9 @@ Each implementation is an :class:`Impl` with a uniform protocol so the runner tr
 * ``call(prepared)`` -> output: the timed work;
 * ``to_bhsd(output)`` -> ``(batch, heads, seqlen_q, head_dim)`` tensor for the correctness check.
 
-Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors (K and V with
-``shape.kv_heads`` heads: grouped-query attention when fewer); ``native_layout``
+Inputs everywhere are ``(batch, heads, seqlen, head_dim)`` contiguous bf16 CUDA tensors (``shape.head_dim``:
+128, or 64/256 on the feature columns; K and V with ``shape.kv_heads`` heads: grouped-query attention when
+fewer); SDPA and FA4 take any of these head dims, a rung those of its compile-time variants; ``native_layout``
 says which shape ``call`` takes (``"bhsd"``, or ``"bshd"`` for FA4), for the BSHD-view rows
 (:mod:`attnclimb.bench.dropin`). torch and the peers are imported lazily so this module imports on
 machines without them.
@@ -92,8 +93,18 @@ class Impl:
         return None
 
 
+def _or_join(words: list) -> str:
+    """``["a"] -> "a"``, ``["a", "b"] -> "a or b"``, ``["a", "b", "c"] -> "a, b or c"``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 class RungImpl(Impl):
-    """One of our rungs through ``attnclimb.attention(q, k, v, rung=N)``."""
+    """One of our rungs through ``attnclimb.attention(q, k, v, rung=N)``.
+
+    ``head_dims``: the head dims the rung computes, ``Rung.head_dim`` and the keys of ``Rung.head_dims`` (its
+    compile-time variants), as :func:`attnclimb.support.features_of` and
+    ``attnclimb.runtime.launch.feature_variant`` read them.
+    """
 
     def __init__(self, rung):
         super().__init__(
@@ -101,16 +112,35 @@ class RungImpl(Impl):
         )
         self.number = rung.number
         self.features = tuple(rung.features)
+        self.head_dims = tuple(sorted({rung.head_dim, *rung.head_dims}))
         self._fn = None
 
-    def unsupported(self, shape) -> str | None:
+    def missing_variants(self, shape) -> list:
+        """The variants ``shape`` needs and this rung lacks, as words: ``"causal"``, ``"grouped-query"``,
+        ``"head_dim 64"``; ``[]`` when it computes ``shape``."""
         missing = [f for f, on in (("causal", shape.causal), ("gqa", shape.gqa)) if on and f not in self.features]
-        if missing:
-            what = " or ".join("grouped-query" if f == "gqa" else f for f in missing)
-            return f"no {what} variant (issue 8: only the top rung has them)"
-        if shape.head_dim != 128:
-            return f"head_dim {shape.head_dim} is not in the kernels (128 only)"
-        return None
+        missing = ["grouped-query" if f == "gqa" else f for f in missing]
+        if shape.head_dim not in self.head_dims:
+            missing.append(f"head_dim {shape.head_dim}")
+        return missing
+
+    def unsupported(self, shape) -> str | None:
+        """``None`` when the rung computes ``shape``, else the variants it lacks and which rungs have them
+        (from ``attnclimb.rungs.RUNGS``): ``"no causal variant (issue 8: only the top rung has them)"``,
+        ``"no causal or head_dim 256 variant (...)"``, ``"no head_dim 96 variant (no rung has it)"``."""
+        missing = self.missing_variants(shape)
+        if not missing:
+            return None
+        from attnclimb.rungs import RUNGS
+
+        have = [r.number for r in RUNGS if not RungImpl(r).missing_variants(shape)]
+        if have == [RUNGS[-1].number]:
+            who = "issue 8: only the top rung has them"
+        elif have:
+            who = f"issue 8: rungs {', '.join(map(str, have))} have them"
+        else:
+            who = "no rung has it" if len(missing) == 1 else "no rung has them"
+        return f"no {_or_join(missing)} variant ({who})"
 
     def available(self) -> tuple:
         try:

@@ -2,10 +2,12 @@
 
 Nothing here needs torch or a GPU. The README table lives between ``<!-- results:begin -->`` and
 ``<!-- results:end -->``; only the text between the two markers is replaced. Results with feature columns
-(schema 4: shapes of group ``"features"``, causal and grouped-query attention, issue 8) get a table of
-their own after the main one, listing the implementations that ran there. Results that carry the drop-in
-sections (schema 3, :mod:`attnclimb.bench.dropin`) get two more small tables after those, BSHD views and
-host overhead; results without them render as they always did.
+(schema 4: shapes of group ``"features"``: causal and grouped-query attention, head_dim 64 and 256, issue 8)
+get a table of their own after the main one, listing the implementations that ran there; a column of
+another head_dim than 128 or with fewer K/V heads gives its dimensions in its header (``8k d64 (B2 H32
+S8192 D64)``). Results that carry the drop-in sections (schema 3, :mod:`attnclimb.bench.dropin`) get two
+more small tables after those, BSHD views and host overhead; results without them render as they always
+did.
 """
 
 from __future__ import annotations
@@ -102,11 +104,13 @@ def _labels(doc: dict) -> dict:
 
 
 def _shape_detail(doc: dict, name: str) -> str:
-    """`` (B1 H40 Sq75600 Sk512)`` after a named shape's label (:func:`~attnclimb.bench.shapes.shape_detail`)
-    or a GQA column's; nothing after the other FA-paper columns, whose dimensions the caption gives."""
+    """`` (B1 H40 Sq75600 Sk512)`` after a named shape's label (:func:`~attnclimb.bench.shapes.shape_detail`),
+    a GQA column's or a column's of another head_dim than 128 (`` (B2 H32 S8192 D64)``); nothing after the
+    other FA-paper columns, whose dimensions the caption gives."""
     for s in doc.get("shapes", []):
         gqa = s.get("heads_kv") not in (None, s["heads"])
-        if s["name"] == name and (gqa or not name.startswith("fa-")):
+        other_dim = s.get("head_dim", HEAD_DIM) != HEAD_DIM
+        if s["name"] == name and (gqa or other_dim or not name.startswith("fa-")):
             d = shape_detail(
                 s["batch"], s["heads"], s["seqlen_q"], s["seqlen_k"], s.get("heads_kv"), s.get("head_dim", HEAD_DIM)
             )
@@ -209,30 +213,63 @@ def _impl_ranges(impls: list) -> str:
     return ", ".join(out)
 
 
+def _variant_rank(word: str) -> tuple:
+    """Sort key of a variant's name in a reason: ``causal``, ``grouped-query``, ``head_dim N`` by ``N``, others
+    (in their order: the sort is stable)."""
+    if word in ("causal", "grouped-query"):
+        return (0, word != "causal")
+    n = word.removeprefix("head_dim ")
+    return (1, int(n)) if n.isdigit() else (2, 0)
+
+
 def _reasons(reasons) -> str:
     """Distinct skip reasons joined by `` / ``; a parenthesised tail they all share is said once, after a
-    semicolon: ``"no causal variant / no grouped-query variant; issue 8: only the top rung has them"``."""
+    semicolon: ``"no causal variant / no grouped-query variant; issue 8: only the top rung has them"``.
+    When they all read ``"no <variants> variant (<tail>)"`` (:meth:`~attnclimb.bench.peers.RungImpl.unsupported`),
+    the variants are listed once each: ``"no causal, grouped-query or head_dim 64 variant; issue 8: ..."``."""
     reasons = list(dict.fromkeys(reasons))
     tails = {w.rpartition(" (")[2] for w in reasons}
     if len(tails) == 1 and all(" (" in w and w.endswith(")") for w in reasons):
         tail = tails.pop()
-        return " / ".join(w[: -len(tail) - 2] for w in reasons) + "; " + tail[:-1]
+        heads = [w[: -len(tail) - 2] for w in reasons]
+        if len(heads) > 1 and all(h.startswith("no ") and h.endswith(" variant") for h in heads):
+            words = [x for h in heads for x in h[3 : -len(" variant")].replace(" or ", ", ").split(", ")]
+            words = sorted(dict.fromkeys(words), key=_variant_rank)  # causal, grouped-query, head_dim by size
+            listed = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+            return f"no {listed} variant; {tail[:-1]}"
+        return " / ".join(heads) + "; " + tail[:-1]
     return " / ".join(reasons)
+
+
+def _feature_head_dims(doc: dict) -> list:
+    """The head dims other than 128 among the feature columns, ascending (``[64, 256]``; ``[]`` for results
+    without head_dim columns)."""
+    dims = {s.get("head_dim", HEAD_DIM) for s in doc.get("shapes", []) if s.get("group", MAIN_GROUP) == FEATURE_GROUP}
+    return sorted(dims - {HEAD_DIM})
 
 
 def feature_model(doc: dict, times: str = "×") -> tuple | None:
     """``(intro, header, body, footnotes)`` of the feature columns' table (causal and grouped-query
-    attention, issue 8; :data:`~attnclimb.bench.shapes.FEATURE_GROUP`), ``None`` when the results have
-    none. The rows are the impls that ran (or failed) on some of these columns; those skipped on all of
-    them (the rungs without the variants) are one footnote."""
+    attention, head_dim 64 and 256, issue 8; :data:`~attnclimb.bench.shapes.FEATURE_GROUP`), ``None`` when
+    the results have none. The rows are the impls that ran (or failed) on some of these columns; those
+    skipped on all of them (the rungs without the variants) are one footnote. The title and the head_dim
+    phrase follow the columns the results have (results without head_dim columns read as they did)."""
     if not _columns(doc, FEATURE_GROUP):
         return None
     header, body, foot = table_model(doc, times, FEATURE_GROUP)
     ref = _ratio_legend(doc)
+    dims = _feature_head_dims(doc)
+    title, head_dim, sizes = "Causal and grouped-query attention", "head_dim 128", "causal columns: 16 heads, "
+    if dims:  # their headers give their dimensions (B, H, S, D: _shape_detail)
+        title += f", head_dim {' and '.join(map(str, dims))}"
+        head_dim += (
+            f" unless the column says (D{', D'.join(map(str, dims))}: heads·head_dim = 2048 as in the FA papers)"
+        )
+        sizes = "16 heads where the column gives no dimensions, "
     intro = (
-        "Causal and grouped-query attention (issue 8): forward TFLOP/s of the same formula, halved for causal "
+        f"{title} (issue 8): forward TFLOP/s of the same formula, halved for causal "
         "columns (torch's is_causal=True, the FA papers' convention), counting query heads for GQA "
-        "(K/V heads after the slash), bf16, head_dim 128; causal columns: 16 heads, batch·seqlen = 16384"
+        f"(K/V heads after the slash), bf16, {head_dim}; {sizes}batch·seqlen = 16384"
         + (f"; {ref}" if ref else "")
         + "."
     )

@@ -7,11 +7,12 @@ rounds (default 3): every round times each of them once (a median over ~``rep_ms
 order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
 so that no implementation always runs right after the same heavy neighbour or at the same point of
 the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
-the per-round values (in round order). The feature columns (causal, grouped-query; issue 8) come last, a
-group of their own in the JSON (``shapes[].group``) and in the report; an implementation without the
-variant gets a ``"skipped: ..."`` row there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped
-with ``--no-dropin-rows``): a BSHD-view call against the contiguous call, and the host overhead per call,
-each in a top-level section of its own. Rows, sections, environment and settings go to
+the per-round values (in round order). The feature columns (causal, grouped-query, head_dim 64 and 256;
+issue 8) come last, a group of their own in the JSON (``shapes[].group``; rows and shapes carry
+``head_dim``) and in the report; an implementation without the variant gets a ``"skipped: ..."`` row
+there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped with ``--no-dropin-rows``): a
+BSHD-view call against the contiguous call, and the host overhead per call, each in a top-level section
+of its own. Rows, sections, environment and settings go to
 ``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``;
 the tables are printed last.
 """
@@ -42,7 +43,8 @@ DESCRIPTION = (
 REPO_ROOT = paths.REPO_ROOT
 # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds. 3: the top-level sections "bshd_view" and
 # "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows). 4: rows and
-# shapes carry heads_kv, shapes their group ("main" or "features": causal and GQA columns, issue 8).
+# shapes carry heads_kv, shapes their group ("main" or "features": causal, GQA and head_dim 64/256 columns,
+# issue 8; head_dim was in rows and shapes from the start).
 SCHEMA_VERSION = 4
 ROW_FIELDS = (
     "impl",
@@ -641,20 +643,22 @@ def add_arguments(p) -> None:
         help="FA-paper seqlens and/or the named shapes 'wan' (Wan2.1-1.3B 480p self-attention), 'wan14b' "
         "(Wan2.1-14B 720p self-attention) and 'wan-cross' (its cross-attention to the 512 text tokens), "
         "and the feature columns 'causal' (1k, 4k, 8k, 16k), 'gqa' (32/8 heads at 8k, non-causal and causal), "
-        "'features' (both) or one by name (fa-4k-causal, fa-8k-gqa32x8, fa-8k-gqa32x8-causal, ...), "
+        "'hdim' (head_dim 64 with 32 heads and 256 with 8 at 8k, non-causal and causal), 'features' (all three) "
+        "or one by name (fa-4k-causal, fa-8k-gqa32x8, fa-8k-gqa32x8-causal, fa-8k-d64, fa-8k-d256-causal, ...), "
         "e.g. 4k,8192,wan-cross,causal (default: 1k,2k,4k,8k,16k,wan,wan14b,wan-cross,features)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="4k, 16k, wan, causal 4k and causal GQA only, shorter warm-up and rep",
+        help="4k, 16k, wan, causal 4k, causal GQA and causal head_dim 256 only, shorter warm-up and rep",
     )
     p.add_argument(
         "--no-feature-columns",
         action="store_true",
-        help="leave out the feature columns (causal 1k/4k/8k/16k and GQA 32/8 at 8k, non-causal and causal; "
-        "issue 8), which run after the others by default (an estimated 20-50 s on an H200: about 17 s of "
-        "timing, plus the first-use compiles of the top rung's and FA4's causal and GQA variants)",
+        help="leave out the feature columns (causal 1k/4k/8k/16k, and GQA 32/8, head_dim 64 and head_dim 256 "
+        "at 8k, each non-causal and causal; issue 8), which run after the others by default (an estimated "
+        "35-100 s on an H200: about 28 s of timing, plus the first-use compiles of the top rung's and FA4's "
+        "causal, GQA and head_dim variants)",
     )
     p.add_argument(
         "--rounds",
