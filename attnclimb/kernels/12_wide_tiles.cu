@@ -50,8 +50,8 @@
 #define STRIDED 0
 #endif
 #ifndef CAUSAL_L2_BYTES
-#define CAUSAL_L2_BYTES \
-    (32ll << 20)  // causal tile order: K and V of this many bytes' worth of heads at a time
+// causal tile order: head by head (in pairs) when K and V of all heads exceed this, else a snake
+#define CAUSAL_L2_BYTES (32ll << 20)
 #endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
