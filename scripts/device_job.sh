@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
             -p no:cacheprovider "${k[@]}" -rf 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "^tests/.*PASSED" | tail -45;;
     sanitize) shift; for tool in memcheck racecheck synccheck; do
             echo "== $tool"; compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 python3 scripts/sanitize_small.py ${1:-} 2>&1 | tail -6
-          done 2>&1 | tee "$OUT/sanitize.txt";;
+          done 2>&1 | tee "$OUT/sanitize-$(echo "${1:-all}" | tr ' ' '_').txt";;
     bench) shift   # bench "ARGS" (one quoted word, may be empty)
            python3 -m attnclimb bench ${1:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
            for f in benchmarks/results/*.json; do [ "$f" -nt "$OUT/.start" ] && cp "$f" "$OUT/"; done  # this run's only
