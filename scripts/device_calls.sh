@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so call 2 must follow call 1 at once):
-#   bash scripts/device_calls.sh verify     carry .peers/p1 (and .ab):  stage FA4 part 1, GPU suite,
+#   bash scripts/device_calls.sh verify     carry .peers/p1:  stage FA4 part 1, GPU suite,
 #                                           sanitizers (features, rungs 9-12), measured timelines 5-12
-#   bash scripts/device_calls.sh peers      carry .peers/p2 (and .ab):  install FA4, A/B of the .ab variants
+#   bash scripts/device_calls.sh peers      carry .peers/p2:  install FA4, A/B of scripts/make_variants.py's variants
 #                                           with FA4 in the same run, ncu of rung 12 and FA4, the full bench
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "nopp=.ab/nopp desc=.ab/desc") names the A/B variants; ATTNCLIMB_GIT_COMMIT is
+# AB_VARIANTS (default "nopp=.ab/nopp desc=.ab/desc", written there by make_variants.py) names the A/B
+# variants (other folders under .ab can be carried); ATTNCLIMB_GIT_COMMIT is
 # recorded in the bench JSON.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
@@ -22,6 +23,7 @@ case "${1:-}" in
       rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
       echo "FA4 install failed: the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab
     args=(); for v in ${AB_VARIANTS:-nopp=.ab/nopp desc=.ab/desc}; do [ -d "${v#*=}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 12 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600 --out "$OUT/ab_variants.json" 2>&1 | tail -12
