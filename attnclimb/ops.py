@@ -57,8 +57,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal:
     r = _rungs.BY_NUMBER[rung]
     b, h, sq, _ = q.shape
     sk = k.shape[2]
-    o = torch.empty((b, h, sq, v.shape[3]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
+    o = q.new_empty((b, h, sq, v.shape[3]))  # q's dtype and device (torch.empty's keywords cost ~0.3 µs more)
+    lse = q.new_empty((b, h, sq), dtype=torch.float32) if with_lse else None
     if b == 0 or h == 0 or sq == 0:
         return (o, lse) if with_lse else o
     if sk == 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -200,7 +201,67 @@ def unsupported_reason(
     cannot be split over query rows either, so one head's Q must hold fewer than 2^31 elements too).
 
     Sizes of zero (empty batch, heads or sequences) are supported: they never reach a kernel.
+
+    Host time: with the top rung's table (the default), no mask and no dropout, a call whose signature
+    (:func:`_signature`: types, layouts, shapes, dtypes and devices of Q, K, V; causal, scale, GQA, LSE) passed
+    every check but the GPU's before skips them; the GPU check (:func:`device_reason`) runs on every call.
     """
+    sig = None
+    if features is FEATURES and attn_mask is None and dropout_p == 0.0 and not torch.compiler.is_compiling():
+        sig, seen = _signature(query, key, value, is_causal, scale, enable_gqa, return_lse)
+        if seen:
+            return _gpu_reason(query.device.index)
+    why = _first_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, features, return_lse)
+    if why is None and sig is not None:
+        with _valid_lock:
+            if len(_VALID) >= _VALID_SIZE:
+                _VALID.pop(next(iter(_VALID)))  # the oldest first (dicts keep insertion order)
+            _VALID[sig] = True
+    return why
+
+
+# Signatures of calls that passed every check but the GPU's (FEATURES, no mask, no dropout), oldest first.
+_VALID: dict = {}
+_VALID_SIZE = 256
+_valid_lock = threading.Lock()
+
+
+def _signature(query, key, value, is_causal, scale, enable_gqa, return_lse) -> tuple:
+    """``(signature, seen)``: everything :func:`_first_reason` reads of a call without mask or dropout, as a
+    hashable key (the type, layout, nestedness, shape, dtype and device of Q, K and V, not their strides or
+    addresses: any are supported; the truth of ``is_causal``, ``enable_gqa`` and ``return_lse``; ``scale``),
+    and whether it is in :data:`_VALID`. ``(None, False)`` for a ``scale`` other than ``None`` or a float, or
+    when a part cannot be read or hashed (not a tensor, a nested tensor's sizes, symbolic sizes): the full
+    check decides those."""
+    if scale is not None and type(scale) is not float:
+        return None, False
+    try:
+        # fmt: off
+        sig = (
+            type(query), query.layout, query.is_nested, query.shape, query.dtype, query.device,
+            type(key), key.layout, key.is_nested, key.shape, key.dtype, key.device,
+            type(value), value.layout, value.is_nested, value.shape, value.dtype, value.device,
+            bool(is_causal),
+            scale,
+            bool(enable_gqa),
+            bool(return_lse),
+        )
+        # fmt: on
+        return sig, sig in _VALID
+    except Exception:
+        return None, False
+
+
+def _gpu_reason(index) -> Unsupported | None:
+    """The ``"gpu"`` reason of CUDA device ``index`` (``None`` when it runs the kernels)."""
+    why = device_reason(index)
+    if why is not None:
+        return Unsupported("gpu", why, f"cannot run attnclimb kernels: {why}", ValueError)
+    return None
+
+
+def _first_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, features, return_lse):
+    """:func:`unsupported_reason`'s checks, in its order, without the cache."""
     if attn_mask is not None and not features.attn_mask:
         return Unsupported("attn_mask", "", "an attn_mask is not supported by the kernels", ValueError)
     if dropout_p != 0.0 and not features.dropout:
@@ -280,9 +341,9 @@ def unsupported_reason(
                 return Unsupported("device", d.type, msg, ValueError)
         msg = f"q, k, v are on different devices: {dev}, {kdev}, {vdev}"
         return Unsupported("device", "mixed", msg, ValueError)
-    why = device_reason(dev.index)
+    why = _gpu_reason(dev.index)
     if why is not None:
-        return Unsupported("gpu", why, f"cannot run attnclimb kernels: {why}", ValueError)
+        return why
     per_head = ks[2] * ks[3]  # V has the same (checked above)
     if per_head > INT32_LIMIT:
         msg = (

@@ -3,6 +3,7 @@ reason), strict mode, patch_sdpa, the custom op's fake and autograd registration
 tracing, zero-length semantics, the 2^31 planner and the TMA stride rule."""
 
 import itertools
+import math
 import subprocess
 import sys
 import threading
@@ -133,6 +134,54 @@ def test_device_and_gpu_reasons():
     why = support.unsupported_reason(c, c, c)
     assert why.key == "gpu" and "GPU" in why.message
     assert support.unsupported_reason(c, q, q).key == "device"  # mixed devices
+
+
+def test_valid_signature_cache(hopper, monkeypatch):
+    """unsupported_reason remembers signatures that passed every check but the GPU's (a bounded cache): what
+    it reads of a call is the key, so any change of type, shape, dtype, device, scale or a flag is checked
+    afresh, strides are not part of it (any are supported), and the GPU check runs on every call."""
+    monkeypatch.setattr(support, "_VALID", {})
+    monkeypatch.setattr(support, "_VALID_SIZE", 4)
+    mode, (q, k, wide, k96, k1) = _fake_cuda(
+        (1, 2, 8, 128), (1, 2, 8, 128), (1, 8, 2, 128), (1, 2, 8, 96), (1, 1, 8, 128)
+    )
+    _, (q16,) = _fake_cuda((1, 2, 8, 128), dtype=torch.float16)
+    with mode:
+        q1 = torch.empty(1, 2, 8, 128, dtype=BF16, device="cuda:1")
+    assert support.unsupported_reason(q, k, k) is None
+    assert len(support._VALID) == 1
+    assert support.unsupported_reason(q, k, k) is None and len(support._VALID) == 1  # a hit
+    assert support.unsupported_reason(wide.transpose(1, 2), k, k) is None  # other strides: the same key
+    assert len(support._VALID) == 1
+    # every change of what the checks read misses the cache and gets its documented reason
+    assert support.unsupported_reason(q16, k, k).key == "dtype"
+    assert support.unsupported_reason(q, k96, k96).key == "head_dim"
+    assert support.unsupported_reason(q, k1, k1).key == "shape"  # fewer heads without enable_gqa
+    assert support.unsupported_reason(q, k, k, scale=True).key == "scale"  # True == 1.0, but a bool
+    assert support.unsupported_reason(q, k, k, scale=math.inf).key == "scale"
+    assert support.unsupported_reason(q, _t(1, 2, 8, 128), k).key == "device"
+    assert support.unsupported_reason(q, k, k, attn_mask=k).key == "attn_mask"
+    assert support.unsupported_reason(q, k, k, dropout_p=0.1).key == "dropout"
+    assert support.unsupported_reason(q, k, k, return_lse=True, features=support.FEATURES_BY_RUNG[11]).key == (
+        "return_lse"
+    )
+    assert len(support._VALID) == 1  # none of them was remembered
+    why = support.unsupported_reason(q1, q1, q1)  # another device: its own GPU check (no GPU here)
+    assert why is not None and why.key == "gpu"
+    # the GPU check is not cached with the signature
+    monkeypatch.setitem(support._DEVICE_REASONS, 0, "an Ampere GPU")
+    why = support.unsupported_reason(q, k, k)
+    assert why is not None and (why.key, why.detail) == ("gpu", "an Ampere GPU")
+    monkeypatch.setitem(support._DEVICE_REASONS, 0, None)
+    # bounded: the oldest signature goes first
+    for sq in (1, 2, 3, 4, 5):
+        _, (qs,) = _fake_cuda((1, 2, sq, 128))
+        assert support.unsupported_reason(qs, k, k, is_causal=True, scale=0.5) is None
+    assert len(support._VALID) == 4
+    assert support._signature(q, k, k, False, None, False, False)[1] is False  # the first one was dropped
+    # a scale other than None or a float is checked every time, never remembered
+    assert support.unsupported_reason(q, k, k, scale=1) is None
+    assert support._signature(q, k, k, False, 1, False, False) == (None, False)
 
 
 def test_type_layout_subclass_reasons():
@@ -545,15 +594,20 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
     rung = rungs.BY_NUMBER[number]
     calls = []
 
-    class FakeLoaded:
-        block, smem_bytes = (rung.threads,), rung.smem_bytes
+    class FakeLoaded(launch.LoadedRung):
+        def __init__(self):  # no cuda.core: the real launch(), through the two seams below
+            self.block, self.smem_bytes = (rung.threads,), rung.smem_bytes
+            self.kernels = {name: name for name in rung.kernel_names}
 
         def stream_for_handle(self, handle):
             return ("stream", handle)
 
-        def launch(self, name, grid, block, smem, stream, *args):
-            calls.append((name, grid, block, smem, stream, args))
+    def record(stream, config, kernel, *args):
+        calls.append((kernel, *config, stream, args))
 
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_launch_config", lambda grid, block, smem: (grid, block, smem))
+    monkeypatch.setattr(launch, "_cuda_launch", record)
     monkeypatch.setattr(launch, "loaded", lambda r, dev: FakeLoaded())
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
@@ -584,6 +638,91 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
             ("map", k.data_ptr(), bh, sk, rung.kv_box_rows),
             ("map", v.data_ptr(), bh, sk, rung.kv_box_rows),
         )
+
+
+def _recording_launch(monkeypatch, rung):
+    """run_rung with a CPU stand-in for cuda.core (LoadedRung without a module, launch config and launch
+    recorded, tensor maps as tuples) and an empty plan cache; returns the list of launches."""
+    from attnclimb.runtime import launch
+
+    calls = []
+
+    class FakeLoaded(launch.LoadedRung):
+        def __init__(self, r, dev):
+            self.block, self.smem_bytes, self.num_sms, self._resident = (r.threads,), r.smem_bytes, 132, 1
+            self.kernels = {name: name for name in r.kernel_names}
+
+        def stream_for_handle(self, handle):
+            return ("stream", handle)
+
+    def record(stream, config, kernel, *args):
+        calls.append((kernel, *config, stream, args))
+
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(launch, "_launch_config", lambda grid, block, smem: (grid, block, smem))
+    monkeypatch.setattr(launch, "_cuda_launch", record)
+    monkeypatch.setattr(launch, "loaded", FakeLoaded)
+    monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
+    monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
+    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    return calls
+
+
+def test_run_rung_plans_once_per_signature(monkeypatch):
+    """run_rung's launch plan is memoised by everything it depends on: a repeated call plans nothing and
+    launches with the call's own O and LSE; a changed shape, stride, dtype, address, scale, causal flag or
+    LSE plans afresh (and raises as a fresh plan would); the cache is bounded."""
+    from attnclimb.runtime import launch
+
+    top = rungs.TOP
+    calls = _recording_launch(monkeypatch, top)
+    planned = []
+    real_plan = launch._plan
+    monkeypatch.setattr(launch, "_plan", lambda *a: planned.append(a) or real_plan(*a))
+    b, h, s, d = 1, 2, 64, 128
+    q, k, v = (torch.randn(b, h, s, d).to(BF16) for _ in range(3))
+    o1, o2 = torch.empty_like(q), torch.empty_like(q)
+    launch.run_rung(top, q, k, v, o1, 0.25)
+    launch.run_rung(top, q, k, v, o2, 0.25)
+    assert len(planned) == 1 and len(calls) == 2
+    (_, *cfg1, st1, a1), (_, *cfg2, st2, a2) = calls
+    assert cfg1 == cfg2 and st1 == st2 == ("stream", 77)
+    assert a1[3] == o1.data_ptr() and a2[3] == o2.data_ptr() and a1[:3] == a2[:3] and a1[4:] == a2[4:]
+    # every change of what the plan depends on misses the cache
+    buf = torch.randn(b, s, h, d).to(BF16)
+    lse = torch.empty(b, h, s)
+    changed = [
+        lambda: launch.run_rung(top, q[:, :, :32], k, v, o1[:, :, :32], 0.25),  # shape
+        lambda: launch.run_rung(top, buf.transpose(1, 2), k, v, o1, 0.25),  # strides (a BSHD view)
+        lambda: launch.run_rung(top, q.clone(), k, v, o1, 0.25),  # address
+        lambda: launch.run_rung(top, q.to(torch.float16), k.to(torch.float16), v.to(torch.float16), o1, 0.25),
+        lambda: launch.run_rung(top, q, k, v, o1, 0.5),  # scale
+        lambda: launch.run_rung(top, q, k, v, o1, 0.25, causal=True),
+        lambda: launch.run_rung(top, q, k, v, o1, 0.25, lse=lse),
+        lambda: launch.run_rung(top, q, k, v, torch.empty(b, s, h, d).to(BF16).transpose(1, 2), 0.25),  # O's strides
+    ]
+    for i, call in enumerate(changed):
+        call()
+        assert len(planned) == 2 + i
+    assert calls[-2][-1][11] == lse.data_ptr()  # the LSE's address, per call
+    keys = {launch._plan_key(top, dev, q, k, v, o1, 0.25, False, None) for dev in (None, 0, 1)}
+    assert len(keys) == 3  # each device its own plan
+    # a misaligned O of the strided variant is refused, though an aligned one was planned
+    o_buf = torch.empty(b * s * h * d + 8, dtype=BF16)
+    o_ok = o_buf[:-8].view(b, s, h, d).transpose(1, 2)
+    o_bad = o_buf[1:-7].view(b, s, h, d).transpose(1, 2)
+    launch.run_rung(top, q, k, v, o_ok, 0.25)
+    with pytest.raises(ValueError, match="in place"):
+        launch.run_rung(top, q, k, v, o_bad, 0.25)
+    with pytest.raises(ValueError, match="every size"):
+        launch.run_rung(top, q[:, :, :0], k, v, o1[:, :, :0], 0.25)
+    # bounded, oldest first
+    monkeypatch.setattr(launch, "_PLANS_SIZE", 3)
+    launch._PLANS.clear()
+    for scale in (0.1, 0.2, 0.3, 0.4):
+        launch.run_rung(top, q, k, v, o1, scale)
+    assert [key[-3] for key in launch._PLANS] == [0.2, 0.3, 0.4]
 
 
 # ---------------------------------------------------------------- sizes: the 2^31 planner

@@ -396,7 +396,91 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     CTAs, so no batch·heads limit of ``gridDim.y/z`` (65535) applies. No synchronisation and, on the fused
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
+
+    Host time: everything a fused rung's launch needs but O's and the LSE's addresses and the stream (the
+    variant, the checks, the tensor maps, grid and arguments) is a :class:`_Plan`, memoised by
+    :func:`_plan_key` (rung, device, dtype, shapes, strides and addresses of Q, K, V, O's shape, strides and
+    alignment, scale, causal, with or without LSE). A repeated call is that key, one dictionary lookup and
+    the launch; a call that differs in any of them plans afresh (and raises as a fresh plan would).
     """
+    if rung.abi == "unfused":  # rung 0: a score workspace and three launches per call; not planned
+        _run_unfused(rung, q, k, v, o, scale, causal, lse)
+        return
+    dev = q.device.index
+    key = _plan_key(rung, dev, q, k, v, o, scale, causal, lse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember_plan(key, _plan(rung, q, k, v, o, scale, bool(causal), lse))
+    lr = plan.lr
+    _ensure_context(lr)
+    stream = lr.stream_for_handle(current_stream_handle(dev))
+    plan.launch(stream, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+
+
+def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
+    """What a :class:`_Plan` depends on: the rung, device and dtype (bf16 is all the kernels take; a key of
+    another would plan the same, but stays apart); shapes, strides and addresses of Q, K and V (their tensor
+    maps encode all three); O's shape and strides (the strided variant, O's stride arguments) and its
+    address modulo 16 (the strided variant's alignment check); scale, causal, LSE or not. Not O's or the
+    LSE's address (passed per launch) nor the stream (looked up per launch)."""
+    return (
+        rung,
+        dev,
+        q.dtype,
+        q.shape,
+        q.stride(),
+        q.data_ptr(),
+        k.shape,
+        k.stride(),
+        k.data_ptr(),
+        v.shape,
+        v.stride(),
+        v.data_ptr(),
+        o.shape,
+        o.stride(),
+        o.data_ptr() % 16,
+        scale,
+        bool(causal),
+        lse is None,
+    )
+
+
+_PLANS: dict = {}
+_PLANS_SIZE = 256  # a model's attention calls with distinct buffers (a few KB each: three tensor maps)
+
+
+def _remember_plan(key, plan):
+    """Store ``plan`` under ``key``, dropping the oldest plan when the cache is full."""
+    with _lock:
+        if len(_PLANS) >= _PLANS_SIZE:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
+    return plan
+
+
+class _Plan:
+    """One fused rung's launch with all but O's and the LSE's addresses and the stream fixed: the loaded
+    (variant of the) rung, its ``attn_fwd`` kernel and launch configuration, and the kernel arguments before
+    O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``; ``None`` for a
+    kernel without the top rung's extra arguments, which takes no LSE)."""
+
+    __slots__ = ("config", "head", "kernel", "lr", "middle", "tail")
+
+    def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
+        self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
+        self.config = _launch_config(grid, lr.block, lr.smem_bytes)
+        self.kernel = lr.kernels["attn_fwd"]
+
+    def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
+        """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
+        if self.tail is None:
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle)
+        else:
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
+
+
+def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
+    """``(variant, strided)``: the checks of :func:`run_rung` and the compile-time variant it launches."""
     if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
         raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     gqa = k.shape[1] != q.shape[1]
@@ -408,6 +492,53 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
         rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2])
     if strided:
         _check_strided(q, k, v, o)
+    return rung, strided
+
+
+def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
+    """The :class:`_Plan` of a pointer or TMA rung's launch (:func:`run_rung`'s checks run here)."""
+    rung, strided = _checked_variant(rung, q, k, v, o, causal, lse)
+    dev = q.device.index
+    lr = loaded(rung, dev)
+    b, h, sq, _ = q.shape
+    sk = k.shape[2]
+    bh = b * h
+    bh_kv = b * k.shape[1]
+    i32, f32 = np.int32, np.float32
+    m_blocks = rung.num_m_blocks(sq)
+    grid = (m_blocks * bh,)
+    sizes = (i32(sq), i32(sk), i32(m_blocks), f32(scale))
+    if rung.abi == "pointer":
+        return _Plan(lr, grid, (q.data_ptr(), k.data_ptr(), v.data_ptr()), sizes, None)
+    if rung.abi == "tma":
+        if strided:
+            maps = tuple(
+                _tensor_map_4d(t, box, dev)
+                for t, box in ((q, rung.q_box_rows), (k, rung.kv_box_rows), (v, rung.kv_box_rows))
+            )
+        else:
+            maps = (
+                _tensor_map_of(q, bh, sq, rung.q_box_rows, dev),
+                _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev),
+                _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev),
+            )
+        if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
+            grid = (lr.persistent_grid(grid[0]),)
+            sizes += (i32(m_blocks * bh),)
+        if not rung.features:
+            return _Plan(lr, grid, maps, sizes, None)
+        # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
+        i64 = np.int64
+        ob, oh, os_, _ = o.stride()
+        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), (i64(ob), i64(oh), i64(os_)))
+    raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
+
+
+def _run_unfused(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> None:
+    """Rung 0: ``qk_scores`` into an fp32 workspace, ``row_softmax`` on it in place, ``pv_product``."""
+    import torch
+
+    rung, _ = _checked_variant(rung, q, k, v, o, causal, lse)
     dev = q.device.index
     lr = loaded(rung, dev)
     _ensure_context(lr)
@@ -415,77 +546,32 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     bh = b * h
-    bh_kv = b * k.shape[1]
     i32, f32 = np.int32, np.float32
-    if rung.abi == "unfused":
-        import torch
-
-        s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
-        tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
-        lr.launch(
-            "qk_scores",
-            (tiles_n * tiles_m * bh,),
-            (rung.threads,),
-            0,
-            stream,
-            q.data_ptr(),
-            k.data_ptr(),
-            s.data_ptr(),
-            i32(sq),
-            i32(sk),
-            f32(scale),
-        )
-        lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
-        lr.launch(
-            "pv_product",
-            (tiles_m * bh,),
-            (rung.threads,),
-            0,
-            stream,
-            s.data_ptr(),
-            v.data_ptr(),
-            o.data_ptr(),
-            i32(sq),
-            i32(sk),
-        )
-        return
-    m_blocks = rung.num_m_blocks(sq)
-    grid = (m_blocks * bh,)
-    if rung.abi == "pointer":
-        lr.launch(
-            "attn_fwd",
-            grid,
-            lr.block,
-            lr.smem_bytes,
-            stream,
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            o.data_ptr(),
-            i32(sq),
-            i32(sk),
-            i32(m_blocks),
-            f32(scale),
-        )
-        return
-    if rung.abi == "tma":
-        if strided:
-            tq, tk, tv = (
-                _tensor_map_4d(t, box, dev)
-                for t, box in ((q, rung.q_box_rows), (k, rung.kv_box_rows), (v, rung.kv_box_rows))
-            )
-        else:
-            tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
-            tk = _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev)
-            tv = _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev)
-        args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
-        if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
-            grid = (lr.persistent_grid(grid[0]),)
-            args += (i32(m_blocks * bh),)
-        if rung.features:  # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
-            i64 = np.int64
-            ob, oh, os_, _ = o.stride()
-            args += (i32(h), i32(h // k.shape[1]), 0 if lse is None else lse.data_ptr(), i64(ob), i64(oh), i64(os_))
-        lr.launch("attn_fwd", grid, lr.block, lr.smem_bytes, stream, *args)
-        return
-    raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
+    s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
+    tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
+    lr.launch(
+        "qk_scores",
+        (tiles_n * tiles_m * bh,),
+        (rung.threads,),
+        0,
+        stream,
+        q.data_ptr(),
+        k.data_ptr(),
+        s.data_ptr(),
+        i32(sq),
+        i32(sk),
+        f32(scale),
+    )
+    lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
+    lr.launch(
+        "pv_product",
+        (tiles_m * bh,),
+        (rung.threads,),
+        0,
+        stream,
+        s.data_ptr(),
+        v.data_ptr(),
+        o.data_ptr(),
+        i32(sq),
+        i32(sk),
+    )
