@@ -25,6 +25,9 @@ helpers :func:`shard_sequence`, :func:`gather_sequence` and :func:`sequence_posi
 locate a sequence in either layout. ``docs/distributed.md`` has the design, the per-step masks and the
 communication model.
 
+Forward only (inference): the functions record no autograd graph, and with inputs that require grad the
+output's backward raises ``NotImplementedError``.
+
 This module is ours; diffusers' context parallelism (its ``TemplatedRingAttention`` and
 ``TemplatedUlyssesAttention``) runs our kernel through ``attnclimb.register_diffusers_backend()`` instead
 (``attnclimb/integrations/diffusers.py``). ``docs/distributed.md`` says what each covers.
@@ -133,9 +136,10 @@ def gather_sequence(x, *, group=None, layout: str = "contiguous", dim: int = 2):
     """All-gather the sequence shards of the group's ranks into the full sequence, on every rank.
 
     ``x``: this rank's shard (same shape on every rank). Returns the full tensor (``world_size`` times
-    longer along ``dim``) in global order. A collective: every rank of ``group`` must call it.
+    longer along ``dim``) in global order. A collective: every rank of ``group`` must call it (``ValueError``
+    on a process outside ``group``, ``RuntimeError`` without a process group).
     """
-    world_size = dist.get_world_size(group)
+    group, _, world_size = _group_info(group)
     parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(world_size)]
     dist.all_gather(parts, x.contiguous(), group=group)
     return unshard_sequence(parts, layout=layout, dim=dim)
@@ -292,10 +296,52 @@ def ring_schedule(rank: int, world_size: int, seqlen_q: int, seqlen_k: int, *, i
 
 
 def _group_info(group):
+    """``(group, rank in it, its size)``; ``RuntimeError`` without a process group, ``ValueError`` when this
+    process is not a member of ``group`` (torch answers rank -1 and size -1 there, which the ring would take
+    for an empty schedule and return zeros)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
     group = dist.group.WORLD if group is None else group
-    return group, dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the process group it was given: "
+            "only the group's ranks may call a collective on it"
+        )
+    return group, rank, dist.get_world_size(group)
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """Runs ``fn(q, k, v, **kwargs) -> (O, LSE)`` (autograd off inside, as in any Function's forward) and
+    gives ``O`` a backward that raises: the ring and the all-to-alls are not differentiable (the partials'
+    LSE carries no gradient, and the K/V blocks of other ranks would need their gradients sent back), so a
+    backward must fail loudly rather than return gradients that miss those terms."""
+
+    @staticmethod
+    def forward(ctx, fn, name, kwargs, q, k, v):
+        ctx.name = name
+        out, lse = fn(q, k, v, **kwargs)
+        if out._is_view():  # e.g. Ulysses' output reshaped from its receive buffer: autograd forbids in-place
+            out = out.clone()  # ops on a view made inside a Function (this path runs only with grad)
+        if lse is not None:
+            ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"{ctx.name} is forward-only (inference): it has no backward. Call it under torch.no_grad() or "
+            "torch.inference_mode(), or on inputs that do not require grad"
+        )
+
+
+def _forward_only(fn, name, q, k, v, **kwargs):
+    """``fn(q, k, v, **kwargs) -> (O, LSE)`` without recording autograd; when grad mode is on and an input
+    requires grad, through :class:`_ForwardOnly` (``O`` then has a grad_fn whose backward raises)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _ForwardOnly.apply(fn, name, kwargs, q, k, v)
+    with torch.no_grad():
+        return fn(q, k, v, **kwargs)
 
 
 def _global_rank(group, group_rank: int) -> int:
@@ -368,13 +414,25 @@ def ring_attention(
         ``O`` ``(batch, heads, seqlen_q_local, head_dim)`` in ``q``'s dtype (merged in fp32, rounded once);
         with ``return_lse`` the pair ``(O, LSE)``, LSE fp32 ``(batch, heads, seqlen_q_local)``.
 
+    Forward only: the attention runs without recording autograd. With grad mode on and an input that
+    requires grad, ``O`` carries a grad_fn whose backward raises ``NotImplementedError`` (the merge weights
+    and the other ranks' K/V blocks would need gradients this function does not compute); the LSE has none.
+
     Raises:
         TypeError: an input is not a tensor, or ``is_causal`` not a bool.
         ValueError: wrong ranks or mismatched shapes, an unknown layout, causal with ``seqlen_q_local !=
-            seqlen_k_local`` or an odd local seqlen with ``"load_balanced"``; what ``local_attention`` raises.
+            seqlen_k_local`` or an odd local seqlen with ``"load_balanced"``, this process not a member of
+            ``group``; what ``local_attention`` raises.
         RuntimeError: ``torch.distributed`` is not initialised.
     """
     _check_qkv(q, k, v, is_causal, layout, "ring_attention")
+    kw = {"group": group, "scale": scale, "is_causal": is_causal, "layout": layout, "local_attention": local_attention}
+    out, lse = _forward_only(_ring, "ring_attention", q, k, v, **kw)
+    return (out, lse) if return_lse else out
+
+
+def _ring(q, k, v, *, group, scale, is_causal, layout, local_attention):
+    """The body of :func:`ring_attention` (checked arguments): ``(O, LSE)``."""
     group, rank, world_size = _group_info(group)
     local_attention = kernel_local_attention if local_attention is None else local_attention
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -406,8 +464,7 @@ def ring_attention(
             work.wait()
         if pending:
             kv, spare = spare, kv
-    out = out.to(q.dtype)
-    return (out, lse) if return_lse else out
+    return out.to(q.dtype), lse
 
 
 # ------------------------------------------------------------------------------------------ Ulysses
@@ -472,7 +529,7 @@ def ulysses_attention(
 
     Returns:
         ``O`` ``(batch, heads, seqlen_local, head_dim)`` in ``q``'s dtype; with ``return_lse`` the pair
-        ``(O, LSE)``, LSE fp32 ``(batch, heads, seqlen_local)``.
+        ``(O, LSE)``, LSE fp32 ``(batch, heads, seqlen_local)``. Forward only, as :func:`ring_attention`.
 
     Raises:
         TypeError, RuntimeError: as :func:`ring_attention`.
@@ -480,6 +537,14 @@ def ulysses_attention(
             ``seqlen_q_local != seqlen_k_local``.
     """
     _check_qkv(q, k, v, is_causal, layout, "ulysses_attention")
+    kw = {"group": group, "scale": scale, "is_causal": is_causal, "layout": layout, "local_attention": local_attention}
+    out, lse = _forward_only(_ulysses, "ulysses_attention", q, k, v, return_lse=return_lse, **kw)
+    return (out, lse) if return_lse else out
+
+
+def _ulysses(q, k, v, *, group, scale, is_causal, layout, return_lse, local_attention):
+    """The body of :func:`ulysses_attention` (checked arguments): ``(O, LSE)``, LSE ``None`` without
+    ``return_lse``."""
     group, _, world_size = _group_info(group)
     if q.shape[1] % world_size or k.shape[1] % world_size:
         raise ValueError(
@@ -505,7 +570,7 @@ def ulysses_attention(
         o, lse = o.index_select(2, positions), lse.index_select(2, positions)
     out = _heads_to_seq(o, world_size, group)
     if not return_lse:
-        return out
+        return out, None
     return out, _heads_to_seq(lse.unsqueeze(-1), world_size, group).squeeze(-1)
 
 

@@ -153,6 +153,49 @@ def case_ulysses_heads_error(rank, n):
         raise AssertionError("no ValueError")
 
 
+def case_forward_only_with_requires_grad(rank, n):
+    """Inputs that require grad: the same output (computed without a graph), a grad_fn whose backward raises
+    NotImplementedError on every rank (it used to raise an in-place error on some ranks and return wrong K/V
+    gradients on rank 0 of a contiguous causal ring), and no grad_fn under no_grad."""
+    import pytest
+
+    q, k, v = _full_inputs(1, n, n, 4 * n, 8)
+    shards = [cp.shard_sequence(t, rank, n).clone().requires_grad_() for t in (q, k, v)]
+    kw = {"local_attention": cp.exact_local_attention, "is_causal": True}
+    for fn in (cp.ring_attention, cp.ulysses_attention):
+        out, lse = fn(*shards, return_lse=True, **kw)
+        with torch.no_grad():
+            plain = fn(*shards, **kw)
+        assert out.requires_grad and not lse.requires_grad and plain.grad_fn is None
+        assert torch.equal(out.detach(), plain)
+        out.mul_(1.0)  # an in-place op on the output is fine (it is not a view of an input)
+        with pytest.raises(NotImplementedError, match="forward-only"):
+            out.sum().backward()
+
+
+def case_not_a_member_of_the_group(rank, n):
+    """A process outside the group it passes gets a ValueError (the ring used to return zeros there, Ulysses
+    a reshape error); the members compute as usual."""
+    import pytest
+
+    members = [0] if n == 2 else [0, 1]
+    group = dist.new_group(members)
+    try:
+        q = torch.randn(1, 2, 4, 8)
+        for fn in (cp.ring_attention, cp.ulysses_attention):
+            if rank in members:
+                out = fn(q, q, q, group=group, local_attention=cp.exact_local_attention)
+                assert out.shape == q.shape
+            else:
+                with pytest.raises(ValueError, match="not a member"):
+                    fn(q, q, q, group=group, local_attention=cp.exact_local_attention)
+        if rank not in members:
+            with pytest.raises(ValueError, match="not a member"):
+                cp.gather_sequence(q, group=group)
+    finally:
+        dist.barrier()
+
+
 def _diffusers_cp(rank, n, degree_name):
     """diffusers' context parallelism (``ring_degree`` or ``ulysses_degree`` = n) on the attnclimb backend:
     the shards' output equals the whole sequence's attention, and the local attention that ran was ours

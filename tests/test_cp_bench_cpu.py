@@ -122,6 +122,18 @@ def test_main_exits_2_without_torchrun_or_hopper(monkeypatch, capsys):
     assert "cuda:0: compute capability 8.0" in capsys.readouterr().err
 
 
+def test_cpu_dry_run_defaults_to_a_short_sequence_and_refuses_long_ones(monkeypatch, capsys):
+    """--device cpu runs the float64 reference: the default GPU shapes would need 1.8 TB of scores."""
+    assert [s.seqlen_q for s in cp.select_shapes(None, on_cpu=True)] == [int(cp.CPU_DEFAULT_SEQLENS)]
+    assert [s.seqlen_q for s in cp.select_shapes(None, on_cpu=False)] == [75600, 147600]
+    assert cp.select_shapes("2k", on_cpu=True)[0].seqlen_q == 2048
+    with pytest.raises(ValueError, match="1,703 GiB"):
+        cp.select_shapes("64,wan14b", on_cpu=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cp.main(_args(device="cpu", seqlens="wan14b-161f")) == 2  # before any process group
+    assert "shorter --seqlens" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(300)
 def test_torchrun_dry_run_on_four_cpu_ranks(tmp_path):
     """The launch the GPU session uses, on the CPU: torchrun, 4 ranks over gloo, ring and Ulysses, full and

@@ -50,6 +50,11 @@ WAN14B_161F_SHAPE = Shape(
 CP_SHAPES = {"wan14b": WAN14B_SHAPE, "wan14b-161f": WAN14B_161F_SHAPE}
 DEFAULT_SHAPES = tuple(CP_SHAPES)
 DEFAULT_WARMUP, DEFAULT_ITERS = 2, 5
+# --device cpu: the float64 reference holds a (B, H, S, S) float64 score matrix per call (1.8 TB for
+# wan14b), so the dry run defaults to a short sequence and refuses shapes whose scores exceed this.
+# 240 = 2^4 3 5 splits over 2, 3, 4, 5, 6 and 8 ranks in both layouts, like the GPU shapes.
+CPU_DEFAULT_SEQLENS = "240"
+CPU_MAX_SCORE_BYTES = 2 << 30
 CHECK_ROWS = 64  # query rows per rank checked against float64 (head 0 of batch 0)
 REL_L2_TOL = 1e-2
 TIME_NOTE = (
@@ -95,6 +100,23 @@ def parse_schemes(spec: str | None) -> list:
     if bad or not out:
         raise ValueError(f"unknown scheme(s) {bad or spec!r}: choose from {', '.join(SCHEMES)}")
     return list(dict.fromkeys(out))
+
+
+def select_shapes(spec: str | None, on_cpu: bool) -> list:
+    """The shapes of ``--seqlens`` (:func:`parse_shapes`); with ``--device cpu`` the default is
+    :data:`CPU_DEFAULT_SEQLENS`, and a shape whose float64 scores (``8 B H S_q S_k`` bytes) exceed
+    :data:`CPU_MAX_SCORE_BYTES` is a ``ValueError`` (the default GPU shapes would need terabytes)."""
+    shapes = parse_shapes(spec if spec or not on_cpu else CPU_DEFAULT_SEQLENS)
+    if on_cpu:
+        big = [s for s in shapes if 8 * s.batch * s.heads * s.seqlen_q * s.seqlen_k > CPU_MAX_SCORE_BYTES]
+        if big:
+            gib = 8 * big[0].batch * big[0].heads * big[0].seqlen_q * big[0].seqlen_k / 2**30
+            raise ValueError(
+                f"--device cpu runs the float64 reference, whose scores for {big[0].label} take {gib:,.0f} GiB; "
+                f"use shorter --seqlens (at most {CPU_MAX_SCORE_BYTES >> 30} GiB of scores: 2k fits; the default "
+                f"with --device cpu is {CPU_DEFAULT_SEQLENS})"
+            )
+    return shapes
 
 
 def layout_for(scheme: str, causal: bool) -> str:
@@ -483,7 +505,8 @@ def add_arguments(p) -> None:
         "--seqlens",
         metavar="LIST",
         help="shapes: 'wan14b' (Wan2.1-14B 720p self-attention, B1 H40 S75600), 'wan14b-161f' (the same at 161 "
-        "frames, S147600) and/or sequence lengths of B1 H40 (e.g. 32k) (default: wan14b,wan14b-161f)",
+        "frames, S147600) and/or sequence lengths of B1 H40 (e.g. 32k) (default: wan14b,wan14b-161f; with --device "
+        f"cpu {CPU_DEFAULT_SEQLENS})",
     )
     p.add_argument("--schemes", metavar="LIST", help="ring and/or ulysses (default: both)")
     p.add_argument(
@@ -498,8 +521,8 @@ def add_arguments(p) -> None:
         choices=("cuda", "cpu"),
         default="cuda",
         help="cuda (default): NCCL, the top rung, bf16. cpu: a dry run of the launch and the bookkeeping over gloo "
-        "with the float64 reference as the local attention and float32 inputs (the times mean nothing; use small "
-        "--seqlens)",
+        "with the float64 reference as the local attention and float32 inputs (the times mean nothing; --seqlens "
+        f"of at most {CPU_MAX_SCORE_BYTES >> 30} GiB of float64 scores, about 2k)",
     )
     p.add_argument(
         "--out",
@@ -548,8 +571,9 @@ def main(args) -> int:
             file=sys.stderr,
         )
         return 2
+    on_cpu = getattr(args, "device", "cuda") == "cpu"
     try:
-        shapes = parse_shapes(args.seqlens)
+        shapes = select_shapes(args.seqlens, on_cpu)
         schemes = parse_schemes(args.schemes)
         if args.warmup < 0 or args.iters < 1:
             raise ValueError(f"need --warmup >= 0 and --iters >= 1, got {args.warmup} and {args.iters}")
@@ -557,7 +581,6 @@ def main(args) -> int:
         print(f"attnclimb cp-bench: {exc}", file=sys.stderr)
         return 2
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    on_cpu = getattr(args, "device", "cuda") == "cpu"
     why = None if on_cpu else hopper_reason(f"cuda:{local_rank}")
     if why is not None:
         print(f"attnclimb cp-bench: no Hopper GPU (sm_90) for local rank {local_rank}: {why}", file=sys.stderr)
