@@ -7,14 +7,7 @@ pair (``rung09-old`` and ``rung09``, say), the gain of AFTER over BEFORE, and cu
 import json
 import sys
 
-NAMES = {
-    (16, 16, 1024): "1k (B16 H16)",
-    (4, 16, 4096): "4k (B4 H16)",
-    (2, 16, 8192): "8k (B2 H16)",
-    (1, 16, 16384): "16k (B1 H16)",
-    (1, 12, 32760): "Wan2.1-1.3B (B1 H12 S32760)",
-    (1, 40, 75600): "Wan2.1-14B (B1 H40 S75600)",
-}
+from attnclimb.bench.shapes import shape_detail
 
 
 def main(argv):
@@ -25,8 +18,8 @@ def main(argv):
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))
     for row in doc["tflops"]:
-        shape = tuple(row["shape"])
-        cells = [NAMES.get(shape, "x".join(map(str, shape))) + causal]
+        b, h, sq, *sk = row["shape"]
+        cells = [shape_detail(b, h, sq, sk[0] if sk else sq) + causal]
         for b, a in pairs:
             cells.append(f"{row[b]:.0f} → {row[a]:.0f} ({(row[a] / row[b] - 1) * 100:+.1f} %)")
         cells.append(f"{row['cudnn']:.0f}")
