@@ -640,6 +640,21 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
         )
 
 
+def test_tensor_map_cache_keys_on_head_dim(monkeypatch):
+    """A cached TMA map is reused only for the same address, (batch·heads, seqlen), head_dim and box: the
+    memory of a freed head_dim 128 tensor reused by a head_dim 64 one gets a fresh map of the new pitch."""
+    from attnclimb.runtime import launch
+
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    buf = torch.empty(2 * 300 * 256, dtype=BF16)
+    maps = {d: launch._tensor_map_of(buf[: 600 * d].view(1, 2, 300, d), 2, 300, 128, 0) for d in (128, 64, 256)}
+    assert maps[128] is not maps[64]
+    assert maps[128][2:4] == ((2, 300, 128), (300 * 128, 128, 1))
+    assert maps[64][2:4] == ((2, 300, 64), (300 * 64, 64, 1))
+    assert launch._tensor_map_of(buf[: 600 * 64].view(1, 2, 300, 64), 2, 300, 128, 0) is maps[64]  # a hit
+
+
 def _recording_launch(monkeypatch, rung):
     """run_rung with a CPU stand-in for cuda.core (LoadedRung without a module, launch config and launch
     recorded, tensor maps as tuples) and an empty plan cache; returns the list of launches."""

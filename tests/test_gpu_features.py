@@ -190,6 +190,24 @@ def test_head_dims_match_float64(head_dim, causal, shape):
     check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
 
 
+def test_head_dims_on_recycled_memory():
+    """The tensor-map cache keys on head_dim: Q, K, V of head_dim 64 and 256 laid in the very memory of
+    earlier head_dim 128 ones with the same (batch·heads, seqlen) must not get their maps (a stale map
+    reads every head but the first from the wrong rows; O can still pass when seqlen_k = 1, the LSE cannot).
+    Found on the H200 by test_head_dims_match_float64 at (1, 2, 1, 1) once the allocator recycled a block."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, h, sq, sk = 1, 3, 1, 1
+    buf = torch.empty(3, b * h * 256 * max(sq, sk) + 64, device="cuda", dtype=torch.bfloat16)
+    for head_dim in (128, 64, 256, 128, 64):
+        q, k, v = (buf[i, : b * h * n * head_dim].view(b, h, n, head_dim) for i, n in enumerate((sq, sk, sk)))
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g, device="cuda"))
+        sc = 1 / math.sqrt(head_dim)
+        o, lse = run_features(q, k, v, scale=sc, with_lse=True)
+        assert rel_l2(o, attention_exact(q, k, v, sc)) <= TOL, head_dim
+        check_lse(lse, lse_exact(q, k, sc), _bound(q, k, sc))
+
+
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_head_dims_strided_gqa(head_dim):
     g = torch.Generator(device="cuda").manual_seed(3 * head_dim)

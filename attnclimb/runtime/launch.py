@@ -222,7 +222,7 @@ _TMAP_CACHE_SIZE = 64
 
 
 def cached_tensor_map(t3d, box_rows: int):
-    """:func:`tensor_map`, memoised by (address, shape, box, device).
+    """:func:`tensor_map`, memoised by (address, shape including head_dim, box, device).
 
     A tensor map encodes only those (plus the fixed dtype, strides and swizzle), so a hit is exactly the
     map a fresh encode would build, even if the memory was freed and reallocated in between. Saves the
@@ -233,8 +233,12 @@ def cached_tensor_map(t3d, box_rows: int):
 
 
 def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
-    """The cached map over contiguous ``t`` seen as ``(bh, rows, 128)``; the view is built on a miss only."""
-    key = (t.data_ptr(), bh, rows, box_rows, device_index)
+    """The cached map over contiguous ``t`` seen as ``(bh, rows, head_dim)``; the view is built on a miss only.
+
+    The key holds head_dim (the map's row pitch and width): a head_dim 64 tensor that reuses the memory of
+    a freed head_dim 128 one of the same ``(bh, rows)`` must not get the old map, whose rows are twice as
+    far apart (every head but the first would be read from the wrong place)."""
+    key = (t.data_ptr(), bh, rows, t.shape[-1], box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
         tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows))
