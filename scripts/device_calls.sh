@@ -8,10 +8,12 @@
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
 # AB_VARIANTS (default "nopp=.ab/nopp desc=.ab/desc", written there by make_variants.py) names the A/B
-# variants (other folders under .ab can be carried); ATTNCLIMB_GIT_COMMIT is
-# recorded in the bench JSON.
+# variants (other folders under .ab can be carried).
 set -uo pipefail
-export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
+# git on the device reports the checkout the session started in (HEAD and "-dirty"), not the tree sent:
+# the commit recorded in every JSON comes from ATTNCLIMB_GIT_COMMIT, which each call must set.
+: "${ATTNCLIMB_GIT_COMMIT:?set ATTNCLIMB_GIT_COMMIT=<the commit whose tree this call runs>}"
+export ATTNCLIMB_GIT_COMMIT OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
 case "${1:-}" in
   verify)

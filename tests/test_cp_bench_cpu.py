@@ -109,6 +109,30 @@ def _args(**kw):
     return Namespace(**{**base, **kw})
 
 
+def test_report_writes_the_readme_block_from_latest_json(tmp_path, capsys):
+    """``cp-bench --report`` (no torchrun): the README's multi-GPU block from x<N>/latest.json, fewest GPUs
+    first, the rest of the README byte for byte; exit 1 without results or without the markers."""
+    rows = [cp.make_row(WAN14B_SHAPE, "ring", False, n, ms_1gpu=200.0, ms=200.0 / n / 0.95) for n in (2, 4)]
+    when = datetime(2026, 12, 1, 10, 0, 0, tzinfo=timezone.utc)
+    for n, row in zip((4, 2), reversed(rows)):
+        env = {"device": "NVIDIA H200", "world_size": n, "backend": "nccl", "commit": "abcdef123", "date": "d"}
+        cp.write_doc(cp.build_doc(env, [row], [WAN14B_SHAPE], {}), tmp_path / "cp" / f"x{n}", when)
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\nbefore\n<!-- cp:begin -->\nold\n<!-- cp:end -->\nafter\n")
+    args = Namespace(report=True, out=str(tmp_path / "cp"), readme=str(readme))
+    assert cp.main(args) == 0
+    text = readme.read_text()
+    assert text.startswith("# t\nbefore\n<!-- cp:begin -->\n_NVIDIA H200 × 2") and text.endswith(
+        "<!-- cp:end -->\nafter\n"
+    )
+    assert "old" not in text and text.index("× 2 ·") < text.index("× 4 ·")
+    assert "| Wan2.1-14B 720p | full | ring (contiguous) | 200.00 | 105.26 | 1.90× | 95 % | — / — |" in text
+    assert "[JSON](cp/x2/latest.json)" in text and "commit abcdef1" in text
+    readme.write_text("no markers\n")
+    assert cp.main(args) == 1 and "has no <!-- cp:begin -->" in capsys.readouterr().err
+    assert cp.main(Namespace(report=True, out=str(tmp_path / "none"), readme=str(readme))) == 1
+
+
 def test_main_exits_2_without_torchrun_or_hopper(monkeypatch, capsys):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert cp.main(_args()) == 2
