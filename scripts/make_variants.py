@@ -48,6 +48,46 @@ __device__ __forceinline__ void gemm_pv_async_d(float (&o)[HEAD_DIM / 8][4], con
 """
 
 
+SLEEP_HEADER = """// A/B variant (scripts/make_variants.py): mbarrier waits with a suspend-time hint (PTX ISA
+// "mbarrier.test_wait / mbarrier.try_wait": the thread may sleep until the phase completes or the hint,
+// in ns, expires). Nsight Compute on the H200 (issue 13) counted 58.5 M executions of one try_wait retry
+// loop in rung 12 at 16k (the producer waiting for free slots: ~300 polls per K/V tile on one SMSP).
+#pragma once
+#include "hopper.cuh"
+
+__device__ __forceinline__ bool mbar_try_wait_hint(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\\n"
+        ".reg .pred p;\\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\\n"
+        "selp.u32 %0, 1, 0, p;\\n"
+        "}\\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity), "r"(10000000u)
+        : "memory");
+    return done != 0;
+}
+
+__device__ __forceinline__ void mbar_wait_sleep(uint64_t* bar, uint32_t parity) {
+    while (!mbar_try_wait_hint(bar, parity)) {
+    }
+}
+"""
+
+
+def sleep(src: str) -> str:
+    """The producer's waits for free slots (Q, K, V "empty" barriers) with a suspend-time hint."""
+    src = _sub(src, '#include "wgmma_attn.cuh"', '#include "wgmma_attn.cuh"\n#include "mbar_sleep.cuh"', 1)
+    return _sub(src, r"hop::mbar_wait\((&bar_[qkv]_empty)", r"mbar_wait_sleep(\1", regex=True)
+
+
+def sleepall(src: str) -> str:
+    """Every mbarrier wait of the kernel with a suspend-time hint (the consumers' too)."""
+    src = _sub(src, '#include "wgmma_attn.cuh"', '#include "wgmma_attn.cuh"\n#include "mbar_sleep.cuh"', 1)
+    return _sub(src, r"hop::mbar_wait\(", "mbar_wait_sleep(", regex=True)
+
+
 def _sub(text, old, new, count=None, regex=False):
     n = len(re.findall(old, text)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
@@ -92,7 +132,12 @@ def desc(src: str) -> str:
 def main(out=".ab"):
     top = rungs.TOP
     src = top.source.read_text()
-    for name, fn, extra in (("nopp", nopp, {}), ("desc", desc, {"wgmma_attn_desc.cuh": DESC_HEADER})):
+    for name, fn, extra in (
+        ("nopp", nopp, {}),
+        ("desc", desc, {"wgmma_attn_desc.cuh": DESC_HEADER}),
+        ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
+        ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}),
+    ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
         (d / top.source.name).write_text(fn(src))

@@ -30,6 +30,10 @@ def test_variants_are_generated_and_differ_as_named(tmp_path):
     assert "named_bar_sync" in top and "named_bar_sync" not in nopp and "named_bar_arrive" not in nopp
     assert "gemm_qk_async_d" in desc and "gemm_pv_async_d" in desc and "gemm_qk_async<" not in desc
     assert (tmp_path / "desc" / "wgmma_attn_desc.cuh").exists()
+    sleep = (tmp_path / "sleep" / rungs.TOP.source.name).read_text()
+    sleepall = (tmp_path / "sleepall" / rungs.TOP.source.name).read_text()
+    assert sleep.count("mbar_wait_sleep(&bar_") == 3 and "hop::mbar_wait(&bar_k[slot]" in sleep  # producer only
+    assert "hop::mbar_wait(" not in sleepall and sleepall.count("mbar_wait_sleep(") == top.count("hop::mbar_wait(")
 
 
 def test_generator_refuses_a_source_it_does_not_recognise():
@@ -38,7 +42,7 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-@pytest.mark.parametrize("name", ["nopp", "desc"])
+@pytest.mark.parametrize("name", ["nopp", "desc", "sleep", "sleepall"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
     d = tmp_path / name
