@@ -135,6 +135,7 @@ def main(out=".ab"):
     for name, fn, extra in (
         ("nopp", nopp, {}),
         ("desc", desc, {"wgmma_attn_desc.cuh": DESC_HEADER}),
+        ("nopp_desc", lambda text: desc(nopp(text)), {"wgmma_attn_desc.cuh": DESC_HEADER}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
         ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}),
     ):

@@ -42,7 +42,7 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-@pytest.mark.parametrize("name", ["nopp", "desc", "sleep", "sleepall"])
+@pytest.mark.parametrize("name", ["nopp", "desc", "nopp_desc", "sleep", "sleepall"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
     d = tmp_path / name
