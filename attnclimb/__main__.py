@@ -1,4 +1,5 @@
-"""Command line: ``python -m attnclimb build | diff | bench | report | figures | trace | capstone | video``."""
+"""Command line: ``python -m attnclimb build | diff | bench | report | figures | trace | capstone | video |
+cp-bench``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ EPILOG = """examples:
   python -m attnclimb figures            redraw the rung pages' diagrams (docs/figures, no GPU needed)
   python -m attnclimb trace 10           measured timeline of rung 10's warpgroups (needs a Hopper GPU)
   python -m attnclimb capstone           one Wan2.1 denoising step per attention route (diffusers)
-  python -m attnclimb video sample       sample videos with attnclimb and with SDPA from the same noise"""
+  python -m attnclimb video sample       sample videos with attnclimb and with SDPA from the same noise
+  torchrun --nproc-per-node 2 -m attnclimb cp-bench
+                                         ring and Ulysses attention on 2 GPUs against one (Hopper GPUs)"""
 
 
 def _cmd_build(args) -> int:
@@ -104,6 +107,12 @@ def _cmd_video(args) -> int:
     from .video import cli
 
     return cli.main(args)
+
+
+def _cmd_cp_bench(args) -> int:
+    from .bench import cp
+
+    return cp.main(args)
 
 
 def _display_path(path: Path) -> str:
@@ -226,7 +235,9 @@ def main(argv=None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{build,diff,bench,report,figures,trace,capstone,video}")
+    sub = p.add_subparsers(
+        dest="cmd", required=True, metavar="{build,diff,bench,report,figures,trace,capstone,video,cp-bench}"
+    )
     b = sub.add_parser(
         "build",
         help="compile every rung (no GPU needed) and print their resources",
@@ -311,6 +322,15 @@ def main(argv=None) -> int:
             description=_video.DESCRIPTION,
         )
     )
+    from .bench import cp as _cp
+
+    _cp.add_arguments(
+        sub.add_parser(
+            "cp-bench",
+            help="context-parallel attention (ring, Ulysses) on N GPUs against one; launch with torchrun",
+            description=_cp.DESCRIPTION,
+        )
+    )
     args = p.parse_args(argv)
     from . import rungs
 
@@ -334,6 +354,7 @@ def main(argv=None) -> int:
         "trace": _cmd_trace,
         "capstone": _cmd_capstone,
         "video": _cmd_video,
+        "cp-bench": _cmd_cp_bench,
     }[args.cmd]
     try:
         rc = handler(args)

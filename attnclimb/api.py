@@ -10,7 +10,7 @@ import torch
 
 from . import rungs as _rungs
 from .ops import call as _call
-from .support import FEATURES, device_reason, unsupported_reason
+from .support import FEATURES, FEATURES_BY_RUNG, device_reason, unsupported_reason
 
 SUPPORTED_HEAD_DIMS = tuple(sorted(FEATURES.head_dims))
 
@@ -63,41 +63,56 @@ def _unfused_memory_check(q, k):
         )
 
 
-def attention(q, k, v, *, scale=None, rung=None):
-    """Exact (non-causal) scaled dot-product attention, ``softmax(scale · Q Kᵀ) V``, on a Hopper GPU.
+def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=False):
+    """Exact scaled dot-product attention, ``softmax(scale · Q Kᵀ) V``, on a Hopper GPU.
 
     Args:
         q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor.
-        k: ``(batch, heads, seqlen_k, head_dim)`` bf16 CUDA tensor, same device, batch and heads as ``q``.
-        v: ``(batch, heads, seqlen_k, head_dim)`` bf16 CUDA tensor.
+        k: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor, same device and batch as ``q``;
+            ``heads_kv`` is ``heads``, or a divisor of it for grouped-query attention (query head ``h``
+            reads K/V head ``h // (heads // heads_kv)``; top rung only).
+        v: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor.
         scale: softmax scale (natural-log units); default ``1/sqrt(head_dim)`` as in
             ``torch.nn.functional.scaled_dot_product_attention``.
         rung: which kernel of the ladder to run (``0`` … top); ``None`` picks the top (fastest) rung.
+        is_causal: torch SDPA's ``is_causal=True`` mask, top-left aligned (query row ``i`` sees keys
+            ``0..i``, for any ``seqlen_q`` and ``seqlen_k``); top rung only.
+        return_lse: also return the natural-log log-sum-exp of each row's scaled scores; top rung only.
 
-    ``head_dim`` must be 128. Any sizes work, 0 included: an empty output when batch, heads or
-    ``seqlen_q`` is 0, zeros when ``seqlen_k`` is 0 (what torch's SDPA returns). Tensors of 2^31 elements
-    or more are split into several launches over batch, heads and query rows (the kernels' offsets are
-    32-bit); only one head's K or V of 2^31 elements or more is refused. Inputs with other strides or an
-    odd alignment are copied to contiguous memory first. The kernel runs on the current torch CUDA
-    stream; the call is asynchronous like any torch op, and can be captured into a CUDA graph once a
-    first call has compiled the rung.
+    ``head_dim`` must be 128, or 64 or 256 on the top rung (``Rung.head_dims``). Causal masking,
+    grouped-query attention, the LSE and head_dim 64/256 are compile-time variants of the top rung
+    (issue 8); the lower rungs compute the plain head_dim-128 case only and raise ``ValueError`` for the
+    others. Any sizes work, 0 included: an empty output when batch, heads or
+    ``seqlen_q`` is 0, zeros (and an LSE of ``-inf``) when ``seqlen_k`` is 0 (what torch's SDPA returns).
+    Tensors of 2^31 elements or more are split into several launches over batch, heads (whole K/V groups)
+    and query rows (the kernels' offsets are 32-bit); only one head's K or V of 2^31 elements or more is
+    refused, and with ``is_causal`` one head's Q as well (a causal call is never split over query rows).
+    Inputs with other strides or an odd alignment are copied to contiguous memory first. The kernel runs
+    on the current torch CUDA stream; the call is asynchronous like any torch op, and can be captured into
+    a CUDA graph once a first call has compiled the rung (each variant compiles at its first use).
 
     Autograd: inputs may require grad. The forward is this kernel; the backward recomputes the attention
-    with torch's SDPA on the saved inputs and differentiates that (``attnclimb/ops.py``). Under
-    ``torch.compile`` the call is the operator ``torch.ops.attnclimb.attention_fwd`` (no graph break).
+    with torch's SDPA on the saved inputs (with ``is_causal`` and ``enable_gqa`` as the call had them) and
+    differentiates that (``attnclimb/ops.py``). The LSE carries no gradient (as the LSE of torch's and
+    flash-attn's kernels). Under ``torch.compile`` the call is the operator
+    ``torch.ops.attnclimb.attention_fwd`` (``attention_fwd_lse`` with ``return_lse``; no graph break).
 
     The first call of a rung compiles it (NVRTC, about a second, then cached on disk): it may raise
     :class:`attnclimb.runtime.CompileError` if the installed NVRTC rejects a kernel.
 
     Returns:
-        ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device.
+        ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device; with
+        ``return_lse`` the pair ``(O, LSE)``, ``LSE`` ``(batch, heads, seqlen_q)`` fp32, contiguous.
 
     Raises:
-        TypeError: an input is not a tensor or not bf16; ``scale``/``rung`` of the wrong type.
+        TypeError: an input is not a tensor or not bf16; ``scale``/``rung``/``is_causal``/``return_lse`` of
+            the wrong type.
         ValueError: a sparse or nested tensor, or a tensor subclass; wrong rank, head_dim, device or GPU
-            (not Hopper); mismatched batch/heads/seqlen_k; one head's K/V of 2^31 elements or more; an
-            unknown rung; rung 0 when its fp32 ``S`` would not fit in free GPU memory; a non-finite
-            ``scale`` or one whose magnitude overflows fp32 once multiplied by log2(e).
+            (not Hopper); mismatched batch/heads/seqlen_k; ``is_causal``, fewer K/V heads or
+            ``return_lse`` on a rung without that variant (all but the top rung); one head's K/V (causal:
+            or Q) of 2^31 elements or more; an unknown rung; rung 0 when its fp32 ``S`` would not fit in
+            free GPU memory; a non-finite ``scale`` or one whose magnitude overflows fp32 once multiplied
+            by log2(e).
 
     :func:`attnclimb.scaled_dot_product_attention` takes torch's full SDPA signature and falls back to
     torch instead of raising. The ideas come from FlashAttention (Dao et al. 2022, Sec. 3.1: tiling +
@@ -105,9 +120,22 @@ def attention(q, k, v, *, scale=None, rung=None):
     ``docs/rungs/`` cites its own.
     """
     r = _rungs.get(rung)
-    why = unsupported_reason(q, k, v, scale=scale)
+    for name, flag in (("is_causal", is_causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    why = unsupported_reason(
+        q,
+        k,
+        v,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=True,
+        features=FEATURES_BY_RUNG[r.number],
+        return_lse=return_lse,
+    )
     if why is not None:
         raise why.exc(why.message)
     if r.abi == "unfused" and not torch.cuda.is_current_stream_capturing():
         _unfused_memory_check(q, k)  # advisory; skipped while a CUDA graph is captured
-    return _call(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), r.number)
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _call(q, k, v, s, r.number, is_causal, return_lse)

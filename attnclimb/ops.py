@@ -1,4 +1,6 @@
-"""The kernels as a PyTorch operator: ``torch.ops.attnclimb.attention_fwd``.
+"""The kernels as PyTorch operators: ``torch.ops.attnclimb.attention_fwd`` (returns ``O``) and
+``torch.ops.attnclimb.attention_fwd_lse`` (returns ``(O, LSE)``), both
+``(q, k, v, scale, rung, is_causal=False)``; K/V with fewer heads than Q are grouped-query attention.
 
 Registered with ``torch.library.custom_op`` (PyTorch docs, "Python Custom Operators"), so that
 ``torch.compile`` sees one opaque operator (no graph break; its ``register_fake`` gives the output's shape,
@@ -6,63 +8,80 @@ dtype and strides while tracing), CUDA graphs capture its launches, and autograd
 through ``register_autograd``. Importing this module registers the operator; ``import attnclimb`` does
 not import it (nor torch) until an attention function is first used.
 
-The backward pass recomputes the attention with torch's own SDPA on the saved inputs and
-differentiates that (whichever backend torch's dispatcher picks: cuDNN, flash, memory-efficient or math;
-``torch.nn.attention.sdpa_kernel`` applies). It costs one extra forward pass and never uses our output,
-so the gradients are those torch's SDPA gives for the same inputs: the forward is ours, the backward is
-not yet.
+The backward pass recomputes the attention with torch's own SDPA on the saved inputs (with the call's
+``is_causal``, and ``enable_gqa`` for fewer K/V heads) and differentiates that (whichever backend torch's
+dispatcher picks: cuDNN, flash, memory-efficient or math; ``torch.nn.attention.sdpa_kernel`` applies).
+It costs one extra forward pass and never uses our output, so the gradients are those torch's SDPA gives
+for the same inputs: the forward is ours, the backward is not yet.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
 from . import rungs as _rungs
 from .runtime import launch as _launch
-from .runtime.layout import INT32_LIMIT, needs_copy, plan_chunks
+from .runtime.layout import INT32_LIMIT, needs_copy, plan_chunks, tma_layout_reason
 
 # torch's SDPA, captured before anything (attnclimb.patch_sdpa included) can replace the module attribute.
 _TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def _operand(t: Tensor) -> Tensor:
+def _operand(t: Tensor, in_place: bool = False) -> Tensor:
     """``t`` as the kernels take it: itself when contiguous and 16-byte aligned, else a contiguous copy
-    (:func:`attnclimb.runtime.layout.needs_copy` is the rule)."""
-    if needs_copy(t):
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    (:func:`attnclimb.runtime.layout.needs_copy` is the rule). With ``in_place`` (a rung with the
+    ``"strided"`` feature, one launch) also itself when a TMA tensor map can read it where it lies
+    (:func:`attnclimb.runtime.layout.tma_layout_reason`): BSHD views, slices of a fused QKV buffer."""
+    if not needs_copy(t):
+        return t
+    if in_place and tma_layout_reason(tuple(t.shape), t.stride(), t.data_ptr()) is None:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
-    """Launch rung ``rung`` on validated inputs; returns a new contiguous ``(B, H, Sq, Dv)`` tensor.
+def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False, with_lse: bool = False):
+    """Launch rung ``rung`` on validated inputs; returns a new contiguous ``(B, H, Sq, Dv)`` tensor, and
+    with ``with_lse`` the pair ``(O, LSE)``, ``LSE`` a new contiguous fp32 ``(B, H, Sq)`` tensor.
 
-    Inputs are what :func:`attnclimb.support.unsupported_reason` accepts (any strides: what the kernels
-    cannot read in place is copied). Zero sizes never reach a kernel: an empty ``O`` when ``B``, ``H``
-    or ``Sq`` is 0, zeros when ``Sk`` is 0 (what torch's SDPA returns: a softmax over no keys weighs no
-    values). A call whose tensors hold 2^31 elements or more is split over batch, then heads, then query
-    rows (:func:`attnclimb.runtime.layout.plan_chunks`), each launch reading and writing contiguous
-    slices in place.
+    Inputs are what :func:`attnclimb.support.unsupported_reason` accepts for the rung (any strides: what
+    the kernels cannot read in place is copied; ``k``/``v`` with fewer heads than ``q`` for grouped-query
+    attention). Zero sizes never reach a kernel: an empty ``O`` when ``B``, ``H`` or ``Sq`` is 0, zeros (an
+    LSE of ``-inf``) when ``Sk`` is 0 (what torch's SDPA returns: a softmax over no keys weighs no values).
+    A call whose tensors hold 2^31 elements or more is split over batch, then heads (whole K/V groups),
+    then query rows (:func:`attnclimb.runtime.layout.plan_chunks`; never query rows when causal), each
+    launch reading and writing contiguous slices in place.
     """
     r = _rungs.BY_NUMBER[rung]
     b, h, sq, _ = q.shape
     sk = k.shape[2]
-    o = torch.empty((b, h, sq, v.shape[3]), dtype=q.dtype, device=q.device)
+    o = q.new_empty((b, h, sq, v.shape[3]))  # q's dtype and device (torch.empty's keywords cost ~0.3 µs more)
+    lse = q.new_empty((b, h, sq), dtype=torch.float32) if with_lse else None
     if b == 0 or h == 0 or sq == 0:
-        return o
+        return (o, lse) if with_lse else o
     if sk == 0:
+        if with_lse:
+            return o.zero_(), lse.fill_(-math.inf)
         return o.zero_()
-    q, k, v = _operand(q), _operand(k), _operand(v)
     unfused = r.abi == "unfused"
     limit = INT32_LIMIT
+    one_launch = o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit)
+    in_place = one_launch and "strided" in r.features  # read Q, K, V where they lie (O stays contiguous)
+    q, k, v = _operand(q, in_place), _operand(k, in_place), _operand(v, in_place)
     with _device_guard(q.device.index):
-        if o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit):
-            _launch.run_rung(r, q, k, v, o, scale)
-            return o
-        for c in plan_chunks(b, h, sq, sk, q.shape[3], score_workspace=unfused, limit=limit):
-            qi, kvi = c.q_index, c.kv_index
-            _launch.run_rung(r, q[qi], k[kvi], v[kvi], o[qi], scale)
-    return o
+        if one_launch:
+            _launch.run_rung(r, q, k, v, o, scale, causal=is_causal, lse=lse)
+        else:
+            chunks = plan_chunks(
+                b, h, sq, sk, q.shape[3], heads_kv=k.shape[1], causal=is_causal, score_workspace=unfused, limit=limit
+            )
+            for c in chunks:
+                qi, kvi = c.q_index, c.kv_index
+                part = None if lse is None else lse[qi]
+                _launch.run_rung(r, q[qi], k[kvi], v[kvi], o[qi], scale, causal=is_causal, lse=part)
+    return (o, lse) if with_lse else o
 
 
 def _device_guard(index: int):
@@ -85,31 +104,56 @@ _NULL_GUARD = _NullGuard()
 
 
 @torch.library.custom_op("attnclimb::attention_fwd", mutates_args=(), device_types="cuda")
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
-    """``softmax(scale · q kᵀ) v`` on rung ``rung`` of the ladder (non-causal, no mask, no dropout).
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False) -> Tensor:
+    """``softmax(scale · q kᵀ) v`` on rung ``rung`` of the ladder (no mask, no dropout).
 
-    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H, Sk, 128)`` bf16 CUDA tensors on a Hopper GPU, any
-    strides; ``scale`` in natural-log units; returns a new contiguous ``(B, H, Sq, 128)`` bf16 tensor.
-    It does not validate: call it through :func:`attnclimb.attention` or
-    :func:`attnclimb.scaled_dot_product_attention`, which check the inputs first.
+    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H_kv, Sk, 128)`` bf16 CUDA tensors on a Hopper GPU, any
+    strides (``H_kv`` a divisor of ``H``: grouped-query attention); ``scale`` in natural-log units;
+    ``is_causal``: torch's top-left-aligned causal mask. Returns a new contiguous ``(B, H, Sq, 128)`` bf16
+    tensor. It does not validate: call it through :func:`attnclimb.attention` or
+    :func:`attnclimb.scaled_dot_product_attention`, which check the inputs (and the rung's variants) first.
     """
-    return forward(q, k, v, scale, rung)
+    return forward(q, k, v, scale, rung, is_causal)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, scale, rung):
+def _attention_fwd_fake(q, k, v, scale, rung, is_causal=False):
     # Same shape, dtype and (contiguous) strides as the real output.
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
+@torch.library.custom_op("attnclimb::attention_fwd_lse", mutates_args=(), device_types="cuda")
+def attention_fwd_lse(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`attention_fwd` that also returns the log-sum-exp: ``(O, LSE)``, ``LSE`` a new contiguous fp32
+    ``(B, H, Sq)`` tensor, ``ln Σ_j exp(scale · q_i·k_j)`` over the keys row ``i`` sees (natural log, as
+    torch's and flash-attn's kernels define it; ``-inf`` when there are no keys). Needs a rung with the
+    ``"lse"`` variant (the top rung). The LSE carries no gradient (marked non-differentiable)."""
+    return forward(q, k, v, scale, rung, is_causal, with_lse=True)
+
+
+@attention_fwd_lse.register_fake
+def _attention_fwd_lse_fake(q, k, v, scale, rung, is_causal=False):
+    o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    return o, q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, _rung = inputs
+    q, k, v, scale, _rung, *rest = inputs
     ctx.save_for_backward(q, k, v)
     ctx.scale = scale
+    ctx.is_causal = bool(rest[0]) if rest else False
+    if isinstance(output, tuple):  # attention_fwd_lse: the LSE has no gradient
+        ctx.mark_non_differentiable(output[1])
 
 
-def _backward(ctx, grad_out):
-    """Gradients of ``softmax(scale·q kᵀ) v`` through torch's SDPA, recomputed on the saved inputs.
+def _backward(ctx, grad_out, *_grad_lse):
+    """Gradients of ``softmax(scale·q kᵀ) v`` through torch's SDPA, recomputed on the saved inputs with the
+    call's ``is_causal`` (and ``enable_gqa`` when K/V have fewer heads than Q; torch's math backend
+    supports both in the backward, and so do its flash, memory-efficient and cuDNN backends on CUDA as far
+    as they take the shape). The LSE output of :func:`attention_fwd_lse` is non-differentiable: its
+    gradient (always zeros) is ignored.
 
     With ``create_graph=True`` (autograd records the backward) it differentiates through the saved
     inputs themselves, so the gradients it returns carry their own graph back to them and double backward
@@ -118,20 +162,25 @@ def _backward(ctx, grad_out):
     """
     q, k, v = ctx.saved_tensors
     needs = ctx.needs_input_grad[:3]
+    n_rest = len(ctx.needs_input_grad) - 3  # scale, rung (, is_causal)
     if q.numel() == 0 or k.numel() == 0:  # no keys, or nothing to attend: the output is constant (zeros)
-        return (*(torch.zeros_like(t) if n else None for t, n in zip((q, k, v), needs)), None, None)
+        return (*(torch.zeros_like(t) if n else None for t, n in zip((q, k, v), needs)), *([None] * n_rest))
     create_graph = torch.is_grad_enabled()
     if not create_graph:
         q, k, v = (t.detach().requires_grad_(n) for t, n in zip((q, k, v), needs))
+    kw = {"scale": ctx.scale, "is_causal": ctx.is_causal}
+    if k.shape[1] != q.shape[1]:  # passed only when set: torch < 2.5 has no such argument
+        kw["enable_gqa"] = True
     with torch.enable_grad():
-        out = _TORCH_SDPA(q, k, v, scale=ctx.scale)
+        out = _TORCH_SDPA(q, k, v, **kw)
     wanted = [t for t, n in zip((q, k, v), needs) if n]
     grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=create_graph)) if wanted else iter(())
     gq, gk, gv = (next(grads) if n else None for n in needs)
-    return gq, gk, gv, None, None
+    return (gq, gk, gv, *([None] * n_rest))
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+attention_fwd_lse.register_autograd(_backward, setup_context=_setup_context)
 
 _PLAIN = torch.Tensor
 
@@ -154,14 +203,17 @@ def direct_call_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def call(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int) -> Tensor:
+def call(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False, return_lse: bool = False):
     """Run the forward on validated inputs: straight to :func:`forward` when :func:`direct_call_ok`,
-    else through the operator ``torch.ops.attnclimb.attention_fwd``.
+    else through the operator ``torch.ops.attnclimb.attention_fwd`` (``attention_fwd_lse`` with
+    ``return_lse``, which returns ``(O, LSE)``).
 
     The operator's dispatch (its autograd wrapper, the Python kernel lookup) costs several microseconds a
     call; when nothing can observe the difference, the call skips it and runs the same function the
     operator runs.
     """
     if direct_call_ok(q, k, v):
-        return forward(q, k, v, scale, rung)
-    return attention_fwd(q, k, v, scale, rung)
+        return forward(q, k, v, scale, rung, is_causal, return_lse)
+    if return_lse:
+        return attention_fwd_lse(q, k, v, scale, rung, is_causal)
+    return attention_fwd(q, k, v, scale, rung, is_causal)

@@ -29,25 +29,44 @@ def _check(q, k, v):
         raise ValueError(f"incompatible shapes q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
 
 
-def attention_exact(q, k, v, scale=None):
+def _expand_kv(q, t):
+    """K or V with its heads repeated to match Q's (grouped-query attention: head h reads h // group)."""
+    hq, hkv = q.shape[1], t.shape[1]
+    if hq == hkv:
+        return t
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"heads of q ({hq}) must be a multiple of the K/V heads ({hkv})")
+    return t.repeat_interleave(hq // hkv, dim=1)
+
+
+def _scores(q, k, scale, causal):
+    s = torch.matmul(q.to(torch.float64), _expand_kv(q, k).to(torch.float64).transpose(-1, -2)) * scale
+    if causal:  # torch's is_causal=True: top-left aligned, query i sees keys 0..i
+        sq, sk = s.shape[-2], s.shape[-1]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def attention_exact(q, k, v, scale=None, causal=False):
     """Exact attention in float64: ``softmax(scale · Q Kᵀ) V``.
 
-    ``q``: ``(B, H, Sq, D)``, ``k``/``v``: ``(B, H, Sk, D)``, any float dtype, any device (computed on the
-    tensors' device in float64). Returns a float64 ``(B, H, Sq, D)`` tensor. ``scale`` defaults to ``1/sqrt(D)``.
+    ``q``: ``(B, H, Sq, D)``, ``k``/``v``: ``(B, H_kv, Sk, D)`` with ``H`` a multiple of ``H_kv`` (query head
+    h reads K/V head ``h // (H // H_kv)``), any float dtype, any device (computed on the tensors' device in
+    float64). ``causal``: torch's ``is_causal=True`` mask (top-left aligned). Returns a float64
+    ``(B, H, Sq, D)`` tensor. ``scale`` defaults to ``1/sqrt(D)``.
     """
-    _check(q, k, v)
+    _check(q, _expand_kv(q, k), _expand_kv(q, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    p = torch.softmax(s, dim=-1)
-    return torch.matmul(p, v)
+    p = torch.softmax(_scores(q, k, scale, causal), dim=-1)
+    return torch.matmul(p, _expand_kv(q, v).to(torch.float64))
 
 
-def lse_exact(q, k, scale=None):
-    """Row log-sum-exp of ``scale · Q Kᵀ`` in float64 (natural log), shape ``(B, H, Sq)``."""
+def lse_exact(q, k, scale=None, causal=False):
+    """Row log-sum-exp of ``scale · Q Kᵀ`` in float64 (natural log), shape ``(B, H, Sq)``; K/V heads and
+    ``causal`` as in :func:`attention_exact`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = torch.matmul(q.to(torch.float64), k.to(torch.float64).transpose(-1, -2)) * scale
-    return torch.logsumexp(s, dim=-1)
+    return torch.logsumexp(_scores(q, k, scale, causal), dim=-1)
 
 
 def _fma32(a, b, c):
@@ -127,9 +146,26 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
             m = m_new
         inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
         out[:, :, m0 : m0 + rows] = acc * inv_l
-        ref = m.double() * c.double() - err.double()  # R in units of c, float64
-        lse[:, :, m0 : m0 + rows] = ((ref + torch.log2(l.double())) / LOG2E).squeeze(-1)
+        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l, scale32, c).double().squeeze(-1)
     return (out, lse) if return_lse else out
+
+
+LN2_F32 = torch.tensor(math.log(2.0), dtype=torch.float32)
+
+
+def kernel_lse_fp32(m, l, scale, c):
+    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``12_wide_tiles.cu``).
+
+    ``m``: the rows' final running max of raw scores, ``l``: their row sums of P (float32 tensors),
+    ``scale``: the float32 scale (``> 0``, after the kernels' negation and FLT_MIN clamp), ``c = scale·log2 e``.
+    Soft rows (``mul == c``): ``LSE = fma(R, ln 2, ln l)`` with the row's ``R = m·c`` rounded up; hard rows:
+    ``LSE = fma(m, scale, ln l)`` (natural units, finite wherever the exact LSE is).
+    """
+    mul = row_multiplier_fp32(m, c)
+    log_l = torch.log(l.double()).float()
+    soft = _fma32(_mul32_up(m, mul), LN2_F32.expand_as(m), log_l)
+    hard = _fma32(m, scale.expand_as(m), log_l)
+    return torch.where(mul == c, soft, hard)
 
 
 def attention_tiled(

@@ -40,6 +40,17 @@ class Rung:
         persistent: the grid is ``min(#tiles, #SMs x resident CTAs per SM)`` CTAs that loop over the
             ``num_m_blocks * batch * heads`` work tiles, which the kernel receives as a last argument
             ``num_tiles`` (``docs/kernel-abi.md``); otherwise one CTA per work tile.
+        features: the compile-time variants the kernel has (issues 8 and 9): ``"causal"``, ``"gqa"``,
+            ``"lse"``, ``"strided"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``); such a kernel takes
+            six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
+            (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
+        head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
+        head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
+            variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
+            ``runtime.launch.feature_variant``.
+        causal_short: ``(max_seqlen_k, fields)``: causal calls of ``head_dim`` with ``seqlen_k <= max_seqlen_k``
+            compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
+            tile above the diagonal); ``None``: one causal tile for every length.
     """
 
     number: int
@@ -56,6 +67,10 @@ class Rung:
     sass_required: tuple = ()
     max_bench_seqlen: int | None = None
     persistent: bool = False
+    features: tuple = ()
+    head_dim: int = HEAD_DIM
+    head_dims: dict = field(default_factory=dict)
+    causal_short: tuple | None = None
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
@@ -87,12 +102,12 @@ class Rung:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA in bytes, from ``smem_layout``: the one place it is computed."""
-        return SMEM_LAYOUTS[self.smem_layout](self.block_m, self.block_n, self.stages)
+        return SMEM_LAYOUTS[self.smem_layout](self.block_m, self.block_n, self.stages, self.head_dim)
 
     def defines(self) -> dict:
         """The ``-D`` macros this rung is compiled with (name -> int), see ``docs/kernel-abi.md``."""
         d = {
-            "HEAD_DIM": HEAD_DIM,
+            "HEAD_DIM": self.head_dim,
             "BLOCK_M": self.block_m,
             "BLOCK_N": self.block_n,
             "NUM_THREADS": self.threads,
@@ -109,32 +124,32 @@ class Rung:
         return -(-seqlen_q // self.block_m)
 
 
-def _tile_bytes(rows: int) -> int:
-    return rows * HEAD_DIM * BF16_BYTES
+def _tile_bytes(rows: int, head_dim: int = HEAD_DIM) -> int:
+    return rows * head_dim * BF16_BYTES
 
 
-def tma_smem_bytes(block_m: int, block_n: int, stages: int) -> int:
+def tma_smem_bytes(block_m: int, block_n: int, stages: int, head_dim: int = HEAD_DIM) -> int:
     """Dynamic smem of the TMA rungs (5+): Q tile + ``stages`` x (K tile + V tile) + 1 KB slack.
 
     128-byte-swizzled TMA destinations must start on a 1024-byte boundary; the kernels round the
     dynamic smem base up by hand (it is only 16-B aligned), which costs up to 1 KB. mbarriers live in
     static shared memory (ptxas reports them separately).
     """
-    return 1024 + _tile_bytes(block_m) + stages * 2 * _tile_bytes(block_n)
+    return 1024 + _tile_bytes(block_m, head_dim) + stages * 2 * _tile_bytes(block_n, head_dim)
 
 
-# Each layout: (block_m, block_n, stages) -> bytes. The kernels compute the same sum from their macros
+# Each layout: (block_m, block_n, stages, head_dim) -> bytes. The kernels compute the same sum from their macros
 # and static_assert it equals SMEM_BYTES, so a sweep that changes BLOCK_N or NUM_STAGES (with
 # dataclasses.replace) gets the right size or a compile error, never a silent overrun.
 SMEM_LAYOUTS = {
     # rung 0: static shared memory only
-    "none": lambda bm, bn, st: 0,
+    "none": lambda bm, bn, st, d=HEAD_DIM: 0,
     # rung 1: fp32 Q and K tiles with rows padded by 4 floats, an unpadded V tile; P reuses K's space
-    "fp32_tiles": lambda bm, bn, st: 4 * ((bm + bn) * (HEAD_DIM + 4) + bn * HEAD_DIM),
+    "fp32_tiles": lambda bm, bn, st, d=HEAD_DIM: 4 * ((bm + bn) * (d + 4) + bn * d),
     # rung 2: bf16 Q, K, V tiles with rows padded by 8 bf16
-    "padded_bf16": lambda bm, bn, st: (bm + 2 * bn) * (HEAD_DIM + 8) * BF16_BYTES,
+    "padded_bf16": lambda bm, bn, st, d=HEAD_DIM: (bm + 2 * bn) * (d + 8) * BF16_BYTES,
     # rungs 3-4: dense swizzled bf16 tiles, Q + stages x (K, V)
-    "swizzled_ring": lambda bm, bn, st: _tile_bytes(bm) + st * 2 * _tile_bytes(bn),
+    "swizzled_ring": lambda bm, bn, st, d=HEAD_DIM: _tile_bytes(bm, d) + st * 2 * _tile_bytes(bn, d),
     # rungs 5+: the same behind 1 KB of alignment slack
     "tma_ring": tma_smem_bytes,
 }
@@ -319,6 +334,14 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=176,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
         persistent=True,
+        features=("causal", "gqa", "lse", "strided"),
+        # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
+        # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
+        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+        # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
+        # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
+        # (benchmarks/ab/ab-causal-tiles-h200.json)
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
 )
 

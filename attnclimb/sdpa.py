@@ -93,13 +93,14 @@ def scaled_dot_product_attention(
         strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
 
     The kernels take bf16 CUDA tensors on a Hopper GPU (compute capability 9.0) with ``E = Ev = 128``,
-    no mask, ``dropout_p == 0``, ``is_causal=False`` and equal head counts; any strides (what they
-    cannot read in place is copied first), any sizes including 0 (an empty output, or zeros when
-    ``Sk == 0``, as torch returns) and tensors of 2^31 elements or more (split into several launches).
-    :data:`attnclimb.support.FEATURES` is the table; :func:`attnclimb.support.unsupported_reason`
-    decides. Anything else goes to torch's SDPA, with one :class:`attnclimb.AttnclimbFallbackWarning`
-    per distinct reason per process (``docs/dropin.md`` lists them); torch then raises its own errors
-    for inputs that are invalid rather than unsupported.
+    no mask and ``dropout_p == 0``; ``is_causal=True`` and ``enable_gqa=True`` with K/V heads dividing
+    Q's run the top rung's causal and grouped-query variants; any strides (what they cannot read in
+    place is copied first), any sizes including 0 (an empty output, or zeros when ``Sk == 0``, as torch
+    returns) and tensors of 2^31 elements or more (split into several launches; causal calls over
+    batch and heads only). :data:`attnclimb.support.FEATURES` is the table (the top rung's);
+    :func:`attnclimb.support.unsupported_reason` decides. Anything else goes to torch's SDPA, with one
+    :class:`attnclimb.AttnclimbFallbackWarning` per distinct reason per process (``docs/dropin.md`` lists
+    them); torch then raises its own errors for inputs that are invalid rather than unsupported.
 
     Autograd works: the forward is ours; the backward recomputes through torch's SDPA on the saved
     inputs (see :mod:`attnclimb.ops`). Under ``torch.compile`` the kernel is one opaque operator,
@@ -123,13 +124,65 @@ def scaled_dot_product_attention(
     why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if why is None:
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-        return _ops.call(query, key, value, s, _TOP)
+        return _ops.call(query, key, value, s, _TOP, bool(is_causal))
     if strict:
         _raise_unsupported(why.key, why.detail, why.message, why.exc.__name__)
     _warn_fallback(why.key, why.detail, why.message)
     if enable_gqa:  # passed only when set: torch < 2.5 has no such argument
         return _TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)
     return _TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+def scaled_dot_product_attention_lse(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    strict=False,
+):
+    """:func:`scaled_dot_product_attention` that also returns the log-sum-exp: ``(O, LSE)``, ``LSE`` fp32
+    ``(B, H, Sq)``, the natural-log ``logsumexp`` over the keys of each row's scaled scores (after the mask
+    and the causal triangle, before dropout), as torch's fused kernels and flash-attn define it.
+
+    On the kernel path the top rung writes the LSE (its ``"lse"`` variant). On the fallback path (one
+    :class:`attnclimb.AttnclimbFallbackWarning` per reason, as :func:`scaled_dot_product_attention`) ``O`` is
+    torch's SDPA and the LSE is computed in float32 from the scores (which materialises them: the fallback
+    is for correctness, not speed). The diffusers backend uses it for ``return_lse=True``. The LSE carries
+    no gradient.
+    """
+    why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse=True)
+    if why is None:
+        s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        return _ops.call(query, key, value, s, _TOP, bool(is_causal), True)
+    if strict:
+        _raise_unsupported(why.key, why.detail, why.message, why.exc.__name__)
+    _warn_fallback(why.key, why.detail, why.message)
+    kw = {"scale": scale, "enable_gqa": True} if enable_gqa else {"scale": scale}
+    out = _TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, **kw)
+    return out, _lse_math(query, key, attn_mask, is_causal, scale)
+
+
+def _lse_math(query, key, attn_mask, is_causal, scale):
+    """float32 ``logsumexp`` of the masked, scaled scores, ``(..., Sq)``: torch SDPA's semantics (a boolean
+    mask keeps ``True``, a float mask is added, ``is_causal`` is the top-left lower triangle; K with fewer
+    heads than Q is grouped-query attention), without gradient."""
+    with torch.no_grad():
+        q = query.float()
+        k = key.float()
+        if k.dim() == q.dim() and k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
+        if is_causal:
+            keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~keep, -math.inf)
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.float()
+        return torch.logsumexp(s, dim=-1)
 
 
 # patch_sdpa's state: how many contexts are open (process-wide), how many of them are strict, and what

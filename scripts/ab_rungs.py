@@ -70,9 +70,9 @@ def variants(specs, numbers):
     return out
 
 
-def sdpa(q, k, v, scale, backend):
+def sdpa(q, k, v, scale, backend, causal=False):
     with sdpa_kernel(backend):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
 
 
 def errors(impls, g):
@@ -106,7 +106,7 @@ def errors(impls, g):
     return rows
 
 
-def timings(impls, shapes, rounds=2):
+def timings(impls, shapes, rounds=2, causal=False):
     res = []
     from attnclimb.bench.peers import make_peer
 
@@ -118,14 +118,16 @@ def timings(impls, shapes, rounds=2):
     scale = 1 / math.sqrt(rungs.HEAD_DIM)
     for b, h, s, *sk in shapes:
         name = "x".join(map(str, (b, h, s, *sk)))
-        shape = Shape(name, name, b, h, s, sk[0] if sk else s)
+        shape = Shape(name, name, b, h, s, sk[0] if sk else s, causal=causal)
         sets = timing.make_inputs(shape, timing.num_input_sets(shape.qkv_bytes(), timing.l2_cache_bytes()))
         prepared = [(q, k, v, torch.empty_like(q)) for q, k, v in sets]  # one output per set, shared
-        fns = {label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale), prepared) for label, r in impls}
-        fns["cudnn"] = timing.rotating(lambda a: sdpa(*a, scale, BACKENDS["cudnn"]), sets)
+        fns = {
+            label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale, causal=causal), prepared) for label, r in impls
+        }
+        fns["cudnn"] = timing.rotating(lambda a: sdpa(*a, scale, BACKENDS["cudnn"], causal), sets)
         if fa4 is not None:
             fa4_sets = [fa4.prepare(q, k, v) for q, k, v in sets]
-            fns["fa4"] = timing.rotating(fa4.call, fa4_sets)
+            fns["fa4"] = timing.rotating(fa4.for_shape(shape).call, fa4_sets)
         times = {k: [] for k in fns}
         for rnd in range(rounds):  # the order alternates between rounds, so a drift in clocks hits all alike
             for k, fn in list(fns.items())[:: 1 if rnd % 2 == 0 else -1]:
@@ -147,17 +149,19 @@ def main():
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
+    ap.add_argument("--causal", action="store_true", help="time the causal variants (FLOPs halved)")
     ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS or BxHxSqxSk, ...")
     args = ap.parse_args()
     impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
     g = torch.Generator(device="cuda").manual_seed(12345)
     err = [] if args.no_errors else errors(impls, g)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    tim = [] if args.no_timing else timings(impls, shapes, rounds=args.rounds)
+    tim = [] if args.no_timing else timings(impls, shapes, rounds=args.rounds, causal=args.causal)
     from attnclimb.bench.run import collect_env
 
     env = collect_env()
     env["variants"] = args.variant
+    env["causal"] = args.causal
     Path(args.out).write_text(json.dumps({"meta": env, "errors": err, "tflops": tim}, indent=1))
     labels = [lab for lab, _ in impls] + list(BACKENDS)
     print("rel-L2 vs float64 (far-offset inputs, seqlen_q 64; head 0 +offset, head 1 -offset)")

@@ -1,6 +1,8 @@
 """Run rungs once each on small ragged shapes, for compute-sanitizer (memcheck, racecheck, synccheck).
 
-Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ...]
+Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features]
+
+``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256).
 """
 
 import math
@@ -12,13 +14,39 @@ from attnclimb import rungs
 from attnclimb.reference import attention_exact, rel_l2
 from attnclimb.runtime.launch import run_rung
 
-sel = [int(a) for a in sys.argv[1:]] or [r.number for r in rungs.RUNGS]
-for n in sel:
-    r = rungs.get(n)
-    # The last shape has more work tiles (3 x 100) than an H200 has SMs: a persistent rung's CTAs loop.
-    for b, h, sq, sk in [(1, 1, 129, 200), (1, 2, 64, 65), (1, 100, 257, 300)]:
-        q, k, v = (torch.randn(b, h, s, 128, device="cuda").to(torch.bfloat16) for s in (sq, sk, sk))
-        o = torch.full_like(q, float("nan"))
-        run_rung(r, q, k, v, o, 1 / math.sqrt(128))
-        torch.cuda.synchronize()
-        print(f"{r.key} {b}x{h}x{sq}x{sk}: rel_l2 {rel_l2(o, attention_exact(q, k, v)):.2e}", flush=True)
+# The last shape has more work tiles (3 x 100) than an H200 has SMs: a persistent rung's CTAs loop.
+SHAPES = [(1, 1, 129, 200), (1, 2, 64, 65), (1, 100, 257, 300)]
+
+
+def one(r, b, h, sq, sk, d=128, h_kv=None, causal=False, lse=False, strided=False):
+    h_kv = h_kv or h
+    q = torch.randn(b, h, sq, d, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(b, h_kv, sk, d, device="cuda").to(torch.bfloat16) for _ in range(2))
+    if strided:  # BSHD views, as a model hands them over
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    o = torch.full_like(q.contiguous(), float("nan"))
+    lse_t = torch.full((b, h, sq), float("nan"), device="cuda") if lse else None
+    run_rung(r, q, k, v, o, 1 / math.sqrt(d), causal=causal, lse=lse_t)
+    torch.cuda.synchronize()
+    err = rel_l2(o, attention_exact(q, k, v, causal=causal))
+    tag = f"{r.key} d{d} {b}x{h}/{h_kv}x{sq}x{sk} causal={causal} lse={lse} strided={strided}"
+    print(f"{tag}: rel_l2 {err:.2e}", flush=True)
+
+
+args = sys.argv[1:]
+if args == ["features"]:
+    top = rungs.RUNGS[-1]
+    for b, h, sq, sk in SHAPES:
+        one(top, b, h, sq, sk, causal=True)
+        one(top, b, h, sq, sk, lse=True)
+        one(top, b, h, sq, sk, strided=True)
+        if h % 2 == 0:
+            one(top, b, h, sq, sk, h_kv=h // 2, causal=True, lse=True)
+        for d in top.head_dims:
+            if d != 128:
+                one(top, b, h, sq, sk, d=d)
+else:
+    for n in [int(a) for a in args] or [r.number for r in rungs.RUNGS]:
+        r = rungs.get(n)
+        for b, h, sq, sk in SHAPES:
+            one(r, b, h, sq, sk)

@@ -29,8 +29,8 @@ def test_wrong_rank():
 
 
 def test_wrong_head_dim():
-    with pytest.raises(ValueError, match="head_dim 64"):
-        attnclimb.attention(_t(1, 1, 4, 64), _t(1, 1, 4, 64), _t(1, 1, 4, 64))
+    with pytest.raises(ValueError, match="head_dim 96"):
+        attnclimb.attention(_t(1, 1, 4, 96), _t(1, 1, 4, 96), _t(1, 1, 4, 96))
 
 
 @pytest.mark.parametrize("kshape,match", [((2, 1, 4, 128), "batch mismatch"), ((1, 2, 4, 128), "heads mismatch")])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnclimb.bench import peers, report, run, shapes, timing
-from attnclimb.rungs import RUNGS
+from attnclimb.rungs import RUNGS, TOP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,6 +23,16 @@ def test_flop_formula():
     assert shapes.attention_flops(4, 16, 4096, 4096, 128) == 4 * 4 * 16 * 4096 * 4096 * 128
     assert shapes.attention_flops(4, 16, 4096, 4096, 128, causal=True) == 2 * 4 * 16 * 4096 * 4096 * 128
     assert shapes.attention_flops(1, 2, 3, 5, 128) == 4 * 2 * 3 * 5 * 128  # Sq != Sk
+    # head_dim counts linearly: 32 heads of 64 and 8 heads of 256 do the work of 16 heads of 128
+    assert shapes.attention_flops(2, 32, 8192, 8192, 64) == 4 * 2 * 32 * 8192 * 8192 * 64
+    assert shapes.attention_flops(2, 8, 8192, 8192, 256, causal=True) == 2 * 2 * 8 * 8192 * 8192 * 256
+    assert shapes.attention_flops(2, 32, 8192, 8192, 64) == shapes.attention_flops(2, 16, 8192, 8192, 128)
+    assert shapes.attention_flops(2, 8, 8192, 8192, 256) == shapes.attention_flops(2, 16, 8192, 8192, 128)
+    assert shapes.attention_flops(1, 1, 10, 10, 256) == 2 * shapes.attention_flops(1, 1, 10, 10, 128)
+    d256 = shapes.FEATURE_SHAPES["fa-8k-d256-causal"]
+    row = run.make_row("rung12", d256, "ok", ms=2.0)
+    assert (row["head_dim"], row["heads"], row["causal"]) == (256, 8, True)
+    assert row["tflops"] == pytest.approx(2 * 2 * 8 * 8192 * 8192 * 256 / 2e-3 / 1e12, rel=1e-5)
     # 1 ms for 1e12 FLOPs is 1000 TFLOP/s
     assert shapes.tflops(1e12, 1.0) == pytest.approx(1000.0)
     # the FA 4k shape at 0.9 ms: 4*4*16*4096^2*128 / 0.9e-3 / 1e12
@@ -36,7 +46,10 @@ def test_flop_formula():
 
 
 def test_default_shapes():
-    sh = shapes.default_shapes()
+    every = shapes.default_shapes()
+    sh = [s for s in every if s.group == "main"]
+    assert sh == shapes.default_shapes(features=False) and every[: len(sh)] == sh  # the feature group comes last
+    assert [s.name for s in every[len(sh) :]] == list(shapes.FEATURE_SHAPES)
     fa = [s for s in sh if s.name.startswith("fa-")]
     assert [s.seqlen_q for s in fa] == [1024, 2048, 4096, 8192, 16384]
     for s in fa:
@@ -62,7 +75,7 @@ def test_default_shapes():
     assert [s.label for s in fa] == ["1k", "2k", "4k", "8k", "16k"]
     assert [s.label for s in sh[len(fa) :]] == ["Wan2.1-1.3B 480p", "Wan2.1-14B 720p", "Wan2.1-14B 720p cross-attn"]
     assert [s.detail for s in sh[len(fa) :]] == ["B1 H12 S32760", "B1 H40 S75600", "B1 H40 Sq75600 Sk512"]
-    assert len({s.name for s in sh}) == len(sh) and len({s.label for s in sh}) == len(sh)
+    assert len({s.name for s in every}) == len(every) and len({s.label for s in every}) == len(every)
 
 
 def test_new_wan_shapes_flops_and_bytes():
@@ -76,7 +89,17 @@ def test_new_wan_shapes_flops_and_bytes():
 
 
 def test_quick_and_parsed_shapes():
-    assert [s.seqlen_q for s in shapes.default_shapes(quick=True)] == [4096, 16384, 32760]
+    quick = shapes.default_shapes(quick=True)
+    assert [(s.seqlen_q, s.group) for s in quick] == [(4096, "main"), (16384, "main"), (32760, "main")] + [
+        (4096, "features"),
+        (8192, "features"),
+        (8192, "features"),
+    ]
+    # one feature column each: causal, GQA, and of the head dims 256 (its own tile sizes; 64 keeps 128's)
+    assert [s.name for s in quick[3:]] == ["fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d256-causal"]
+    assert [s.head_dim for s in quick] == [128] * 5 + [256]
+    assert TOP.head_dims[256] and not TOP.head_dims[64]  # why 256: the variant that changes the tiles
+    assert [s.seqlen_q for s in shapes.default_shapes(quick=True, features=False)] == [4096, 16384, 32760]
     assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
     assert shapes.parse_seqlens("wan-cross,WAN14B,wan2.1-14b-720p,wan2.1-1.3b-480p") == ("wan-cross", "wan14b", "wan")
     assert shapes.parse_seqlens("wan2.1-14b-720p-cross,wancross,wan14b-cross,wan2.1-14b") == ("wan-cross", "wan14b")
@@ -198,6 +221,11 @@ def test_inputs_and_reference_for_gqa_and_causal_on_cpu(causal):
     q, k, v = sets[0]
     assert q.shape == (2, 4, 40, 128) and k.shape == v.shape == (2, 2, 24, 128)
     assert not torch.equal(sets[0][0], sets[1][0])
+    for d in (64, 256):  # the inputs take the shape's head_dim
+        other = shapes.Shape("g", "g", 2, 4, 40, 24, head_dim=d, causal=causal, heads_kv=2)
+        oq, ok_, ov = timing.make_inputs(other, 1, device="cpu")[0]
+        assert (oq.shape, ok_.shape, ov.shape) == ((2, 4, 40, d), (2, 2, 24, d), (2, 2, 24, d))
+        assert oq.dtype == ok_.dtype == ov.dtype == torch.bfloat16
     pairs = [(0, 0), (0, 1), (1, 2), (1, 3)]
     refs = timing.reference_slices(q, k, v, pairs, chunk_rows=7, causal=causal)
     want = torch.nn.functional.scaled_dot_product_attention(
@@ -773,7 +801,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
         shapes.Shape("fa-4k", "4k", 1, 2, 48, 48, headline=True),
         shapes.Shape("fa-8k", "8k", 1, 2, 80, 80, headline=True),
     ]
-    monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False: tiny)
+    monkeypatch.setattr(run.shapes_mod, "default_shapes", lambda seqlens=None, quick=False, features=True: tiny)
     fakes = _fake_impls(torch)
     monkeypatch.setattr(run.peers_mod, "select_impls", lambda r, i: fakes)
     monkeypatch.setattr(run, "run_bench", functools.partial(run.run_bench, progress=_Quiet(), device="cpu"))
@@ -820,7 +848,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     assert out[-2].startswith("attnclimb_sdpa ") and out[-1].startswith("sdpa_cudnn ") and out[-1].endswith(" 1.00x")
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
     assert any(line.startswith("07 good") and "(1.00x / 1.00x)" in line for line in out)
-    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 3
+    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 4
     assert all(len(r["rounds_ms"]) == 3 for r in doc["rows"] if r["status"] == "ok")
     bshd = {r["impl"]: r for r in doc["bshd_view"]["rows"]}
     assert list(bshd) == ["rung07", "sdpa_cudnn", "fa4"] and {r["shape"] for r in bshd.values()} == {"t-v"}
@@ -841,7 +869,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     capsys.readouterr()
     assert main(["bench", "--out", str(tmp_path / "three"), "--no-chart", "--no-dropin-rows"]) == 1
     doc = json.loads((tmp_path / "three" / "latest.json").read_text())
-    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 3
+    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 4
     out = capsys.readouterr().out.rstrip("\n").splitlines()
     assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # without them, the main table is last
     capsys.readouterr()

@@ -8,7 +8,7 @@ import pytest
 
 from attnclimb import rungs
 from attnclimb.runtime import CompileError, compile_rung, parse_ptxas_log
-from attnclimb.runtime.sass import find_cuobjdump, sass
+from attnclimb.runtime.sass import find_cuobjdump, sass, sass_digest
 
 RUNG_IDS = [r.key for r in rungs.RUNGS]
 
@@ -187,3 +187,123 @@ def test_shared_memory_has_one_source_of_truth():
     wrong = dataclasses.replace(top, smem_layout="swizzled_ring")  # 1 KB short of what the kernel carves
     with pytest.raises(CompileError, match="static assertion failed"):
         compile_rung(wrong)
+
+
+FEATURE_COMBOS = [(c, g, w, st) for c in (0, 1) for g in (0, 1) for w in (0, 1) for st in (0, 1) if c or g or w or st]
+# causal calls up to Rung.causal_short's seqlen_k take its tiles: those variants too
+SHORT_K = rungs.TOP.causal_short[0] if rungs.TOP.causal_short else None
+FEATURE_COMBOS += [(c, g, w, st, SHORT_K) for c, g, w, st in FEATURE_COMBOS if c and SHORT_K]
+
+
+def launch_regs(threads: int) -> int:
+    """Registers per thread that a CTA of ``threads`` gets at launch under ``__launch_bounds__(threads, 1)``."""
+    return min(255, 65536 // threads // 8 * 8)
+
+
+@pytest.mark.parametrize("key", [r.key for r in rungs.RUNGS if "USETMAXREG" in r.sass_required])
+def test_setmaxnreg_pool_is_the_launch_allocation(compiled, key):
+    """setmaxnreg only moves registers inside the CTA's pool, the launch allocation (PTX ISA "setmaxnreg":
+    an .inc the pool cannot serve blocks for ever). The kernels' static_asserts bound their targets by
+    65536 / NUM_THREADS rounded down to 8; this checks that ptxas allocates exactly that much. (A 32-register
+    producer beside 240-register consumers once hung the causal GQA strided variant on the GPU.)"""
+    r = rungs.BY_NUMBER[int(key[4:])]
+    for res in compiled[key].resources:
+        assert res.registers == launch_regs(r.threads), compiled[key].log
+
+
+@pytest.mark.parametrize(("causal", "gqa", "lse", "strided", "seqlen_k"), [(*c, None)[:5] for c in FEATURE_COMBOS])
+def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
+    """Each compile-time variant of the top rung (issues 8 and 9) builds for sm_90a without spills or local
+    memory and keeps the rung's Hopper instructions."""
+    from attnclimb.runtime.launch import feature_variant
+
+    r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), seqlen_k=seqlen_k)
+    if seqlen_k is not None:
+        assert r.block_n == rungs.TOP.causal_short[1]["block_n"]
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert res.registers == launch_regs(r.threads)  # the setmaxnreg pool (see the next test)
+        assert r.smem_bytes + res.static_smem <= 227 * 1024
+    if find_cuobjdump() is not None:
+        text = sass(c.cubin)
+        assert not re.search(r"\b(LDL|STL)\b", text)
+        for mnemonic in rungs.TOP.sass_required:
+            assert re.search(rf"\b{mnemonic}\b", text)
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
+    """CAUSAL=GQA=WRITE_LSE=STRIDED=0 spelled out compiles to the very machine code of the plain top rung (what the
+    bench measures): the variants cost the default call nothing."""
+    import dataclasses
+
+    off = dataclasses.replace(
+        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0}
+    )
+
+    assert sass_digest(compile_rung(off, "sm_90a").cubin) == sass_digest(compiled[rungs.TOP.key].cubin)
+
+
+def test_feature_variant_refuses_missing_features():
+    from attnclimb.runtime.launch import feature_variant
+
+    assert feature_variant(rungs.TOP, False, False, False) is rungs.TOP
+    assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
+    # every short causal length maps to one variant (compiled and loaded once), long ones to the default tiles
+    short = rungs.TOP.causal_short[0]
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=1) is feature_variant(
+        rungs.TOP, True, False, False, seqlen_k=short
+    )
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=short + 1).block_n == rungs.TOP.block_n
+    assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
+    with pytest.raises(ValueError, match="causal"):
+        feature_variant(rungs.get(11), True, False, False)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize(("causal", "strided"), [(0, 0), (1, 1)])
+def test_top_rung_head_dim_variants_compile(head_dim, causal, strided):
+    """The top rung's head_dim 64 and 256 variants (issue 8) build without spills and within shared memory."""
+    from attnclimb.runtime.launch import feature_variant
+
+    r = feature_variant(rungs.TOP, bool(causal), False, True, bool(strided), head_dim)
+    assert r.head_dim == head_dim and r.defines()["HEAD_DIM"] == head_dim
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert r.smem_bytes + max(res.static_smem for res in c.resources) <= 227 * 1024
+    with pytest.raises(ValueError, match="head_dim 96"):
+        feature_variant(rungs.TOP, False, False, False, False, 96)
+
+
+OVERLAP_RUNGS = [r.key for r in rungs.RUNGS if r.number >= 9]
+
+
+def _overlap_cases():
+    from attnclimb.runtime.launch import feature_variant
+
+    top = rungs.TOP
+    cases = [(key, rungs.BY_NUMBER[int(key[4:])]) for key in OVERLAP_RUNGS]
+    cases.append(("top-causal-gqa-strided", feature_variant(top, True, True, True, True)))
+    cases.append(("top-causal-short", feature_variant(top, True, False, False, seqlen_k=1)))
+    cases += [(f"top-hd{d}", feature_variant(top, False, False, False, head_dim=d)) for d in top.head_dims]
+    return cases
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("case", _overlap_cases(), ids=lambda c: c[0])
+def test_softmax_runs_under_the_pv_wgmma(case):
+    """Rungs 9 and up overlap a warpgroup's softmax with its own P·V (FA3 Sec. 3.2): in the steady loop, after
+    the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) the whole softmax (BLOCK_N / 2 MUFU.EX2 per thread)
+    must come before the wait for P·V (``... 0x0``). ptxas is free to schedule that wait first and did
+    (issue 13); ``hop::keep_above_wait`` holds it, which this checks stays true."""
+    _, r = case
+    lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
+    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
+    assert waits, "no wait_group 1 in the kernel"
+    for i in waits:
+        j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
+        assert "gsb0, 0x0" in lines[j]
+        ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
+        assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"

@@ -141,7 +141,17 @@ def test_piped_to_head_exits_quietly():
 
 def test_help_is_plain_text_and_every_option_has_help():
     seen = {}
-    for cmd in ([], ["build"], ["diff"], ["bench"], ["report"], ["capstone"], ["video", "train"], ["video", "sample"]):
+    for cmd in (
+        [],
+        ["build"],
+        ["diff"],
+        ["bench"],
+        ["report"],
+        ["capstone"],
+        ["video", "train"],
+        ["video", "sample"],
+        ["cp-bench"],
+    ):
         p = _cli(*cmd, "--help")
         assert p.returncode == 0, p.stderr
         assert "``" not in p.stdout and ":func:" not in p.stdout, p.stdout  # no raw reST markup

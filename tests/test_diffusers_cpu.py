@@ -58,6 +58,8 @@ def test_register_is_idempotent_and_visible():
         "scale",
         "enable_gqa",
     } <= ad._AttentionBackendRegistry._supported_arg_names[member]
+    # diffusers' enable_parallelism accepts the backend (0.42 has context parallelism)
+    assert ad._AttentionBackendRegistry._is_context_parallel_available(member)
 
 
 def test_wan_model_on_the_backend_matches_native_and_passes_views(monkeypatch):
@@ -112,10 +114,52 @@ def test_backend_strict_and_masks():
         q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), attn_mask=mask[:, None, None, :]
     ).transpose(1, 2)
     assert out.shape == (2, 5, 3, 128) and torch.equal(out, ref)
-    with pytest.raises(ValueError, match="log-sum-exp"):
-        fn(q, k, k, return_lse=True)
-    with pytest.raises(ValueError, match="context parallel"):
+    with pytest.raises(ValueError, match="context parallel"):  # a config without context_parallel_config
         fn(q, k, k, _parallel_config=object())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backend_return_lse_in_diffusers_layout(causal):
+    """return_lse=True, the argument diffusers' backends take (its _native_cudnn backend returns
+    (out, lse) with lse in the model layout (B, S, H)): ours does the same, here on the fallback path
+    (float32 on the CPU), with torch's SDPA output and the LSE of torch's fused CPU kernel, GQA included."""
+    attnclimb.register_diffusers_backend()
+    fn = ad._AttentionBackendRegistry._backends[ad.AttentionBackendName("attnclimb")]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 5, 4, 128, generator=g), torch.randn(2, 6, 2, 128, generator=g), None
+    v = torch.randn(2, 6, 2, 128, generator=g)
+    with pytest.warns(attnclimb.AttnclimbFallbackWarning):
+        out, lse = fn(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    plain = fn(q, k, v, is_causal=causal, enable_gqa=True)
+    assert out.shape == (2, 5, 4, 128) and torch.equal(out, plain)
+    assert lse.shape == (2, 5, 4) and lse.dtype == torch.float32
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2)))
+    ref = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, is_causal=causal)[1]
+    torch.testing.assert_close(lse, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_passes_is_causal_and_enable_gqa(monkeypatch):
+    """diffusers' dispatcher hands is_causal and enable_gqa to the backend, which hands them to
+    attnclimb.scaled_dot_product_attention (the top rung's causal and GQA variants run them on a Hopper
+    GPU); on the CPU the result is the native backend's."""
+    attnclimb.register_diffusers_backend()
+    seen = []
+    real = sdpa.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(args[5:8])  # is_causal, scale, enable_gqa
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa, "scaled_dot_product_attention", spy)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 7, 4, 128, generator=g, dtype=torch.bfloat16)
+    kv = torch.randn(1, 7, 2, 128, generator=g, dtype=torch.bfloat16)
+    with pytest.warns(attnclimb.AttnclimbFallbackWarning, match="cpu"):
+        out = ad.dispatch_attention_fn(
+            q, kv, kv, is_causal=True, enable_gqa=True, backend=ad.AttentionBackendName("attnclimb")
+        )
+    ref = ad.dispatch_attention_fn(q, kv, kv, is_causal=True, enable_gqa=True, backend=ad.AttentionBackendName.NATIVE)
+    assert seen == [(True, None, True)] and torch.equal(out, ref)
 
 
 def test_dispatch_attention_fn_reaches_the_backend():
@@ -125,3 +169,36 @@ def test_dispatch_attention_fn_reaches_the_backend():
         out = ad.dispatch_attention_fn(q, q, q, backend=ad.AttentionBackendName("attnclimb"))
     ref = ad.dispatch_attention_fn(q, q, q, backend=ad.AttentionBackendName.NATIVE)
     assert torch.equal(out, ref)
+
+
+def test_cp_forward_op_is_the_backend_in_diffusers_forward_op_contract():
+    """The local attention handed to diffusers' ring/Ulysses: BSHD in, BSHD out, and with return_lse the
+    LSE in (B, S, H) (what the ring merges with); the backward slot raises."""
+    from attnclimb.integrations import diffusers as integ
+
+    op = integ._cp_forward_op(strict=False)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 5, 3, 16, generator=g), torch.randn(2, 7, 3, 16, generator=g)
+    with pytest.warns(attnclimb.AttnclimbFallbackWarning):
+        out, lse = op(None, q, k, k, None, 0.0, False, None, False, True, _save_ctx=True, _parallel_config=None)
+    plain = op(None, q, k, k, return_lse=False)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, k))).transpose(1, 2)
+    assert out.shape == (2, 5, 3, 16) and lse.shape == (2, 5, 3) and torch.equal(plain, out)
+    torch.testing.assert_close(out, ref)
+    ref_lse = torch.logsumexp(q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / 4.0, dim=-1).transpose(1, 2)
+    torch.testing.assert_close(lse, ref_lse)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        integ._cp_backward_op(None, out)
+    assert integ.context_parallel_supported()
+
+
+@pytest.mark.timeout(300)
+def test_diffusers_context_parallelism_runs_our_backend_over_gloo(tmp_path):
+    """diffusers' own ring (ring_degree=3) and Ulysses (ulysses_degree=3) attention on the attnclimb
+    backend, in 3 spawned processes over gloo: each rank's output and LSE equal float64 attention of the
+    whole sequence on its shard, and the local attention that ran was ours (tests/cp_workers.py)."""
+    import cp_workers
+
+    results = cp_workers.spawn_cases(3, list(cp_workers.DIFFUSERS_CASES), tmp_path)
+    failed = [f"{case}, rank {r}:\n{res}" for case, per in results.items() for r, res in enumerate(per) if res != "ok"]
+    assert not failed, "\n".join(failed)

@@ -3,6 +3,7 @@ reason), strict mode, patch_sdpa, the custom op's fake and autograd registration
 tracing, zero-length semantics, the 2^31 planner and the TMA stride rule."""
 
 import itertools
+import math
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnclimb
-from attnclimb import ops, sdpa, support
+from attnclimb import ops, rungs, sdpa, support
 from attnclimb.runtime.layout import INT32_LIMIT, needs_copy, plan_chunks, tma_layout_reason
 
 BF16 = torch.bfloat16
@@ -66,7 +67,7 @@ def test_supported_call_has_no_reason(hopper):
         ("rank3", "rank"),
         ("fp16", "dtype"),
         ("mixed_dtype", "dtype"),
-        ("head_dim64", "head_dim"),
+        ("head_dim96", "head_dim"),
         ("v_head_dim", "head_dim"),
         ("batch", "shape"),
         ("heads", "shape"),
@@ -93,8 +94,8 @@ def test_each_reason(hopper, case, key):
         dtype = dict.fromkeys(dtype, torch.float16)
     elif case == "mixed_dtype":
         dtype["k"] = torch.float16
-    elif case == "head_dim64":
-        shapes = dict.fromkeys(shapes, (1, 4, 8, 64))
+    elif case == "head_dim96":  # 64 and 256 are top-rung variants (Rung.head_dims); 96 is not
+        shapes = dict.fromkeys(shapes, (1, 4, 8, 96))
     elif case == "v_head_dim":
         shapes["v"] = (1, 4, 8, 64)
     elif case == "batch":
@@ -115,6 +116,9 @@ def test_each_reason(hopper, case, key):
     mode = FakeTensorMode()
     with mode:
         q, k, v = (torch.empty(*shapes[n], dtype=dtype[n], device="cuda") for n in "qkv")
+    if key in ("is_causal", "gqa"):  # the top rung has these variants; the rungs below do not
+        assert support.unsupported_reason(q, k, v, **kw) is None
+        kw["features"] = support.FEATURES_BY_RUNG[11]
     why = support.unsupported_reason(q, k, v, **kw)
     assert why is not None and why.key == key, why
     assert why.exc in (TypeError, ValueError) and why.message
@@ -132,6 +136,54 @@ def test_device_and_gpu_reasons():
     assert support.unsupported_reason(c, q, q).key == "device"  # mixed devices
 
 
+def test_valid_signature_cache(hopper, monkeypatch):
+    """unsupported_reason remembers signatures that passed every check but the GPU's (a bounded cache): what
+    it reads of a call is the key, so any change of type, shape, dtype, device, scale or a flag is checked
+    afresh, strides are not part of it (any are supported), and the GPU check runs on every call."""
+    monkeypatch.setattr(support, "_VALID", {})
+    monkeypatch.setattr(support, "_VALID_SIZE", 4)
+    mode, (q, k, wide, k96, k1) = _fake_cuda(
+        (1, 2, 8, 128), (1, 2, 8, 128), (1, 8, 2, 128), (1, 2, 8, 96), (1, 1, 8, 128)
+    )
+    _, (q16,) = _fake_cuda((1, 2, 8, 128), dtype=torch.float16)
+    with mode:
+        q1 = torch.empty(1, 2, 8, 128, dtype=BF16, device="cuda:1")
+    assert support.unsupported_reason(q, k, k) is None
+    assert len(support._VALID) == 1
+    assert support.unsupported_reason(q, k, k) is None and len(support._VALID) == 1  # a hit
+    assert support.unsupported_reason(wide.transpose(1, 2), k, k) is None  # other strides: the same key
+    assert len(support._VALID) == 1
+    # every change of what the checks read misses the cache and gets its documented reason
+    assert support.unsupported_reason(q16, k, k).key == "dtype"
+    assert support.unsupported_reason(q, k96, k96).key == "head_dim"
+    assert support.unsupported_reason(q, k1, k1).key == "shape"  # fewer heads without enable_gqa
+    assert support.unsupported_reason(q, k, k, scale=True).key == "scale"  # True == 1.0, but a bool
+    assert support.unsupported_reason(q, k, k, scale=math.inf).key == "scale"
+    assert support.unsupported_reason(q, _t(1, 2, 8, 128), k).key == "device"
+    assert support.unsupported_reason(q, k, k, attn_mask=k).key == "attn_mask"
+    assert support.unsupported_reason(q, k, k, dropout_p=0.1).key == "dropout"
+    assert support.unsupported_reason(q, k, k, return_lse=True, features=support.FEATURES_BY_RUNG[11]).key == (
+        "return_lse"
+    )
+    assert len(support._VALID) == 1  # none of them was remembered
+    why = support.unsupported_reason(q1, q1, q1)  # another device: its own GPU check (no GPU here)
+    assert why is not None and why.key == "gpu"
+    # the GPU check is not cached with the signature
+    monkeypatch.setitem(support._DEVICE_REASONS, 0, "an Ampere GPU")
+    why = support.unsupported_reason(q, k, k)
+    assert why is not None and (why.key, why.detail) == ("gpu", "an Ampere GPU")
+    monkeypatch.setitem(support._DEVICE_REASONS, 0, None)
+    # bounded: the oldest signature goes first
+    for sq in (1, 2, 3, 4, 5):
+        _, (qs,) = _fake_cuda((1, 2, sq, 128))
+        assert support.unsupported_reason(qs, k, k, is_causal=True, scale=0.5) is None
+    assert len(support._VALID) == 4
+    assert support._signature(q, k, k, False, None, False, False)[1] is False  # the first one was dropped
+    # a scale other than None or a float is checked every time, never remembered
+    assert support.unsupported_reason(q, k, k, scale=1) is None
+    assert support._signature(q, k, k, False, 1, False, False) == (None, False)
+
+
 def test_type_layout_subclass_reasons():
     q = _t(1, 1, 4, 128)
     assert support.unsupported_reason([1], q, q).key == "type"
@@ -147,8 +199,10 @@ def test_type_layout_subclass_reasons():
 def test_features_table_decides(hopper):
     """A later kernel feature is one table edit: the same call flips from a reason to None."""
     _, (q, k) = _fake_cuda((1, 4, 8, 128), (1, 2, 8, 128))
-    assert support.unsupported_reason(q, q, q, is_causal=True).key == "is_causal"
-    assert support.unsupported_reason(q, k, k, enable_gqa=True).key == "gqa"
+    plain = support.BASE
+    assert support.unsupported_reason(q, q, q, is_causal=True, features=plain).key == "is_causal"
+    assert support.unsupported_reason(q, k, k, enable_gqa=True, features=plain).key == "gqa"
+    assert support.unsupported_reason(q, q, q, features=plain, return_lse=True).key == "return_lse"
     more = support.KernelFeatures(
         dtypes=support.FEATURES.dtypes | {torch.float16}, head_dims=frozenset({64, 128}), causal=True, gqa=True
     )
@@ -157,6 +211,52 @@ def test_features_table_decides(hopper):
     _, (h, g) = _fake_cuda((1, 4, 8, 64), (1, 4, 8, 64), dtype=torch.float16)
     assert support.unsupported_reason(h, g, g).key == "dtype"
     assert support.unsupported_reason(h, g, g, features=more) is None
+
+
+def test_features_per_rung_come_from_the_rung(hopper):
+    """Support depends on the rung: the top rung's compile-time variants (Rung.features) are its table's
+    causal, gqa and lse; the rungs below have none, and their reasons name the rung and who has it."""
+    from attnclimb import rungs
+
+    top = rungs.TOP
+    assert {"causal", "gqa", "lse"} <= set(top.features)
+    assert support.FEATURES is support.FEATURES_BY_RUNG[top.number]
+    assert (support.FEATURES.causal, support.FEATURES.gqa, support.FEATURES.lse) == (True, True, True)
+    for r in rungs.RUNGS:
+        f = support.FEATURES_BY_RUNG[r.number]
+        assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
+        assert f.dtypes == support.BASE.dtypes
+        assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
+    _, (q, k, k1) = _fake_cuda((2, 8, 16, 128), (2, 2, 24, 128), (2, 1, 24, 128))
+    low = support.FEATURES_BY_RUNG[10]
+    for kv in (k, k1):  # GQA 8/2 and MQA 8/1, causal and not, with the LSE: all the top rung's
+        for causal in (False, True):
+            assert support.unsupported_reason(q, kv, kv, is_causal=causal, enable_gqa=True, return_lse=True) is None
+    why = support.unsupported_reason(q, q, q, is_causal=True, features=low)
+    assert why.key == "is_causal" and "rung 10 (pingpong)" in why.message and f"rung {top.number} has it" in why.message
+    why = support.unsupported_reason(q, k, k, enable_gqa=True, features=low)
+    assert why.key == "gqa" and "8 query heads, 2 key/value heads" in why.message and "rung 10" in why.message
+    assert support.unsupported_reason(q, q, q, features=low, return_lse=True).key == "return_lse"
+    # fewer K/V heads without enable_gqa, or not a divisor, or K and V differing: torch's SDPA decides
+    _, (k3, v4) = _fake_cuda((2, 3, 24, 128), (2, 4, 24, 128))
+    why = support.unsupported_reason(q, k, k)
+    assert why.key == "shape" and "needs enable_gqa=True" in why.message
+    assert support.unsupported_reason(q, k3, k3, enable_gqa=True).key == "shape"
+    assert support.unsupported_reason(q, k, v4, enable_gqa=True).key == "shape"
+
+
+def test_causal_size_reason_only_where_rows_would_split(hopper):
+    """A causal call is never split over query rows (the kernels anchor the diagonal at a launch's first
+    row): one head's Q of 2^31 elements is the size reason with causal, and fine without."""
+    mode = FakeTensorMode()
+    with mode:
+        big_q = torch.empty(1, 1, 2**24 + 1, 128, dtype=BF16, device="cuda")
+        ok_q = torch.empty(1, 1, 2**24 - 1, 128, dtype=BF16, device="cuda")
+        k = torch.empty(1, 1, 64, 128, dtype=BF16, device="cuda")
+    assert support.unsupported_reason(big_q, k, k) is None  # split over rows: fine without a mask
+    why = support.unsupported_reason(big_q, k, k, is_causal=True)
+    assert (why.key, why.detail) == ("size", "causal") and "query rows" in why.message
+    assert support.unsupported_reason(ok_q, k, k, is_causal=True) is None
 
 
 # ---------------------------------------------------------------- fallback, warnings, strict
@@ -200,11 +300,12 @@ def test_one_warning_per_reason():
             attnclimb.scaled_dot_product_attention(q32, q32, q32)
             attnclimb.scaled_dot_product_attention(q16, q16, q16)
             attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu)
-            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, is_causal=True)
+            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, is_causal=True)  # causal: the same reason
+            attnclimb.scaled_dot_product_attention(qcpu, qcpu, qcpu, dropout_p=0.5)
     msgs = [str(x.message) for x in w]
     assert len(msgs) == 4, msgs
     assert all(x.category is attnclimb.AttnclimbFallbackWarning for x in w)
-    assert "torch.float32" in msgs[0] and "torch.float16" in msgs[1] and "cpu" in msgs[2] and "is_causal" in msgs[3]
+    assert "torch.float32" in msgs[0] and "torch.float16" in msgs[1] and "cpu" in msgs[2] and "dropout" in msgs[3]
     sdpa.reset_fallback_warnings()
     with pytest.warns(attnclimb.AttnclimbFallbackWarning, match="float32"):
         attnclimb.scaled_dot_product_attention(q32, q32, q32)
@@ -278,7 +379,7 @@ def test_patch_sdpa_routes_a_model():
     real = sdpa.scaled_dot_product_attention
     try:
         sdpa.scaled_dot_product_attention = lambda *a, **k: seen.append(a[5]) or real(*a, **k)
-        with attnclimb.patch_sdpa(), pytest.warns(attnclimb.AttnclimbFallbackWarning, match="is_causal"):
+        with attnclimb.patch_sdpa(), pytest.warns(attnclimb.AttnclimbFallbackWarning, match="float32"):
             out = Attn()(x)
     finally:
         sdpa.scaled_dot_product_attention = real
@@ -338,8 +439,25 @@ def test_op_schema():
     schema = str(torch.ops.attnclimb.attention_fwd.default._schema)
     # torch writes an `int` annotation as SymInt
     assert schema.replace("SymInt", "int") == (
-        "attnclimb::attention_fwd(Tensor q, Tensor k, Tensor v, float scale, int rung) -> Tensor"
+        "attnclimb::attention_fwd(Tensor q, Tensor k, Tensor v, float scale, int rung, bool is_causal=False) -> Tensor"
     )
+    schema = str(torch.ops.attnclimb.attention_fwd_lse.default._schema)
+    assert schema.replace("SymInt", "int") == (
+        "attnclimb::attention_fwd_lse(Tensor q, Tensor k, Tensor v, float scale, int rung, bool is_causal=False) "
+        "-> (Tensor, Tensor)"
+    )
+
+
+def test_fake_impls_of_the_lse_op_and_gqa():
+    """The LSE op's fake gives a contiguous bf16 O and a contiguous fp32 (B, H, Sq) LSE; with fewer K/V
+    heads (GQA) O has Q's heads; is_causal changes no shape."""
+    mode, (q, k) = _fake_cuda((2, 7, 8, 128), (2, 9, 2, 128))  # BSHD: q 8 heads, k/v 2 heads
+    with mode:
+        o, lse = torch.ops.attnclimb.attention_fwd_lse(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), 0.1, 12)
+        assert o.shape == (2, 8, 7, 128) and o.dtype == BF16 and o.is_contiguous() and o.device.type == "cuda"
+        assert lse.shape == (2, 8, 7) and lse.dtype == torch.float32 and lse.is_contiguous()
+        o2 = torch.ops.attnclimb.attention_fwd(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), 0.1, 12, True)
+        assert o2.shape == (2, 8, 7, 128)
 
 
 def test_direct_call_only_when_nothing_observes_it():
@@ -476,15 +594,20 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
     rung = rungs.BY_NUMBER[number]
     calls = []
 
-    class FakeLoaded:
-        block, smem_bytes = (rung.threads,), rung.smem_bytes
+    class FakeLoaded(launch.LoadedRung):
+        def __init__(self):  # no cuda.core: the real launch(), through the two seams below
+            self.block, self.smem_bytes = (rung.threads,), rung.smem_bytes
+            self.kernels = {name: name for name in rung.kernel_names}
 
         def stream_for_handle(self, handle):
             return ("stream", handle)
 
-        def launch(self, name, grid, block, smem, stream, *args):
-            calls.append((name, grid, block, smem, stream, args))
+    def record(stream, config, kernel, *args):
+        calls.append((kernel, *config, stream, args))
 
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_launch_config", lambda grid, block, smem: (grid, block, smem))
+    monkeypatch.setattr(launch, "_cuda_launch", record)
     monkeypatch.setattr(launch, "loaded", lambda r, dev: FakeLoaded())
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
@@ -515,6 +638,106 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
             ("map", k.data_ptr(), bh, sk, rung.kv_box_rows),
             ("map", v.data_ptr(), bh, sk, rung.kv_box_rows),
         )
+
+
+def test_tensor_map_cache_keys_on_head_dim(monkeypatch):
+    """A cached TMA map is reused only for the same address, (batch·heads, seqlen), head_dim and box: the
+    memory of a freed head_dim 128 tensor reused by a head_dim 64 one gets a fresh map of the new pitch."""
+    from attnclimb.runtime import launch
+
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    buf = torch.empty(2 * 300 * 256, dtype=BF16)
+    maps = {d: launch._tensor_map_of(buf[: 600 * d].view(1, 2, 300, d), 2, 300, 128, 0) for d in (128, 64, 256)}
+    assert maps[128] is not maps[64]
+    assert maps[128][2:4] == ((2, 300, 128), (300 * 128, 128, 1))
+    assert maps[64][2:4] == ((2, 300, 64), (300 * 64, 64, 1))
+    assert launch._tensor_map_of(buf[: 600 * 64].view(1, 2, 300, 64), 2, 300, 128, 0) is maps[64]  # a hit
+
+
+def _recording_launch(monkeypatch, rung):
+    """run_rung with a CPU stand-in for cuda.core (LoadedRung without a module, launch config and launch
+    recorded, tensor maps as tuples) and an empty plan cache; returns the list of launches."""
+    from attnclimb.runtime import launch
+
+    calls = []
+
+    class FakeLoaded(launch.LoadedRung):
+        def __init__(self, r, dev):
+            self.block, self.smem_bytes, self.num_sms, self._resident = (r.threads,), r.smem_bytes, 132, 1
+            self.kernels = {name: name for name in r.kernel_names}
+
+        def stream_for_handle(self, handle):
+            return ("stream", handle)
+
+    def record(stream, config, kernel, *args):
+        calls.append((kernel, *config, stream, args))
+
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(launch, "_launch_config", lambda grid, block, smem: (grid, block, smem))
+    monkeypatch.setattr(launch, "_cuda_launch", record)
+    monkeypatch.setattr(launch, "loaded", FakeLoaded)
+    monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
+    monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
+    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    return calls
+
+
+def test_run_rung_plans_once_per_signature(monkeypatch):
+    """run_rung's launch plan is memoised by everything it depends on: a repeated call plans nothing and
+    launches with the call's own O and LSE; a changed shape, stride, dtype, address, scale, causal flag or
+    LSE plans afresh (and raises as a fresh plan would); the cache is bounded."""
+    from attnclimb.runtime import launch
+
+    top = rungs.TOP
+    calls = _recording_launch(monkeypatch, top)
+    planned = []
+    real_plan = launch._plan
+    monkeypatch.setattr(launch, "_plan", lambda *a: planned.append(a) or real_plan(*a))
+    b, h, s, d = 1, 2, 64, 128
+    q, k, v = (torch.randn(b, h, s, d).to(BF16) for _ in range(3))
+    o1, o2 = torch.empty_like(q), torch.empty_like(q)
+    launch.run_rung(top, q, k, v, o1, 0.25)
+    launch.run_rung(top, q, k, v, o2, 0.25)
+    assert len(planned) == 1 and len(calls) == 2
+    (_, *cfg1, st1, a1), (_, *cfg2, st2, a2) = calls
+    assert cfg1 == cfg2 and st1 == st2 == ("stream", 77)
+    assert a1[3] == o1.data_ptr() and a2[3] == o2.data_ptr() and a1[:3] == a2[:3] and a1[4:] == a2[4:]
+    # every change of what the plan depends on misses the cache
+    buf = torch.randn(b, s, h, d).to(BF16)
+    lse = torch.empty(b, h, s)
+    changed = [
+        lambda: launch.run_rung(top, q[:, :, :32], k, v, o1[:, :, :32], 0.25),  # shape
+        lambda: launch.run_rung(top, buf.transpose(1, 2), k, v, o1, 0.25),  # strides (a BSHD view)
+        lambda: launch.run_rung(top, q.clone(), k, v, o1, 0.25),  # address
+        lambda: launch.run_rung(top, q.to(torch.float16), k.to(torch.float16), v.to(torch.float16), o1, 0.25),
+        lambda: launch.run_rung(top, q, k, v, o1, 0.5),  # scale
+        lambda: launch.run_rung(top, q, k, v, o1, 0.25, causal=True),
+        lambda: launch.run_rung(top, q, k, v, o1, 0.25, lse=lse),
+        lambda: launch.run_rung(top, q, k, v, torch.empty(b, s, h, d).to(BF16).transpose(1, 2), 0.25),  # O's strides
+    ]
+    for i, call in enumerate(changed):
+        call()
+        assert len(planned) == 2 + i
+    assert calls[-2][-1][11] == lse.data_ptr()  # the LSE's address, per call
+    keys = {launch._plan_key(top, dev, q, k, v, o1, 0.25, False, None) for dev in (None, 0, 1)}
+    assert len(keys) == 3  # each device its own plan
+    # a misaligned O of the strided variant is refused, though an aligned one was planned
+    o_buf = torch.empty(b * s * h * d + 8, dtype=BF16)
+    o_ok = o_buf[:-8].view(b, s, h, d).transpose(1, 2)
+    o_bad = o_buf[1:-7].view(b, s, h, d).transpose(1, 2)
+    launch.run_rung(top, q, k, v, o_ok, 0.25)
+    with pytest.raises(ValueError, match="in place"):
+        launch.run_rung(top, q, k, v, o_bad, 0.25)
+    with pytest.raises(ValueError, match="every size"):
+        launch.run_rung(top, q[:, :, :0], k, v, o1[:, :, :0], 0.25)
+    # bounded, oldest first
+    monkeypatch.setattr(launch, "_PLANS_SIZE", 3)
+    launch._PLANS.clear()
+    for scale in (0.1, 0.2, 0.3, 0.4):
+        launch.run_rung(top, q, k, v, o1, scale)
+    assert [key[-3] for key in launch._PLANS] == [0.2, 0.3, 0.4]
 
 
 # ---------------------------------------------------------------- sizes: the 2^31 planner
@@ -613,7 +836,8 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     limit = 3000
     calls = []
 
-    def fake_run_rung(r, q, k, v, o, scale):
+    def fake_run_rung(r, q, k, v, o, scale, causal=False, lse=None):
+        assert not causal and lse is None
         assert r.number == rung and all(t.is_contiguous() for t in (q, k, v, o))
         assert max(q.numel(), k.numel(), o.numel()) <= limit
         if r.abi == "unfused":
@@ -632,6 +856,37 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3).to(BF16)
     assert len(calls) == launches and len(set(calls)) == launches
     assert out.is_contiguous() and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("rung", [12, 9])
+def test_forward_reads_tma_layouts_in_place_on_strided_rungs(monkeypatch, rung):
+    """One launch on a rung with the "strided" feature (the top rung): a BSHD view and a fused-QKV slice
+    reach the kernel as they are (no copy), an unaligned one is copied; other rungs get contiguous copies."""
+    import contextlib
+
+    seen = {}
+
+    def fake_run_rung(r, q, k, v, o, scale, causal=False, lse=None):
+        seen.update(q=q, k=k, v=v, o=o)
+        o.copy_(F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale))
+
+    monkeypatch.setattr(ops._launch, "run_rung", fake_run_rung)
+    monkeypatch.setattr(ops, "_device_guard", lambda index: contextlib.nullcontext())
+    g = torch.Generator().manual_seed(1)
+    b, s, h, d = 2, 40, 3, 128
+    qkv = torch.randn(b, s, 3, h, d, generator=g).to(BF16)
+    q = qkv[:, :, 0].transpose(1, 2)  # a slice of a fused QKV buffer: row stride 3·H·D
+    k = torch.randn(b, s, h, d, generator=g).to(BF16).transpose(1, 2)  # a BSHD view
+    v_buf = torch.randn(b * h * s * d + 1, generator=g).to(BF16)
+    v = v_buf[1:].view(b, h, s, d)  # contiguous but 2 bytes off 16-byte alignment: TMA cannot read it
+    out = ops.forward(q, k, v, 0.3, rung)
+    in_place = "strided" in rungs.BY_NUMBER[rung].features
+    assert (seen["q"].data_ptr() == q.data_ptr()) == in_place and (seen["k"] is k) == in_place
+    assert all(t.is_contiguous() for t in (seen["q"], seen["k"])) != in_place
+    assert seen["v"].data_ptr() != v.data_ptr() and seen["v"].is_contiguous()  # copied either way
+    assert seen["o"].is_contiguous()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3).to(BF16)
+    assert torch.equal(out, ref)
 
 
 def test_plan_slices_are_contiguous_views():

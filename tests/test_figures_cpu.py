@@ -35,6 +35,24 @@ def test_every_rung_page_shows_at_least_two_figures():
             assert (figures.default_dir() / f.filename).is_file()
 
 
+def test_rung_pages_from_5_up_show_a_measured_timeline():
+    """Issue 11: every page from rung 5 up embeds its measured H200 timeline, and the PNG and the JSON it
+    was drawn from are committed and agree (the JSON's rung, a real device, events in every CTA)."""
+    root = figures.default_dir().parent.parent
+    for r in rungs.RUNGS:
+        if r.number < 5:
+            continue
+        name = f"rung{r.number:02d}"
+        page = (root / r.page).read_text()
+        assert f"](../figures/timelines/{name}.png)" in page, r.page
+        assert f"(../figures/timelines/{name}.json)" in page, r.page
+        png = figures.default_dir() / "timelines" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        doc = timeline.load_trace(json.loads((png.with_suffix(".json")).read_text()))
+        assert doc["rung"] == r.number and "H200" in doc["device"], name
+        assert all(wg["events"] for c in doc["ctas"] for wg in c["warpgroups"]), name
+
+
 def test_svg_keeps_text_as_text(tmp_path):
     fig = next(f for f in figures.registry() if f.filename == "rung05-swizzle128.svg")
     (path,) = figures.generate(tmp_path, [fig])

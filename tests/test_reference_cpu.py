@@ -95,7 +95,7 @@ def test_tiled_handles_negative_and_zero_scale(scale):
 # ---- issue 6: the rung-4+ fold at every magnitude (kernel_fp32 mirrors the kernels' fp32 arithmetic) ----
 
 from attnclimb import reference as _reference  # noqa: E402
-from attnclimb.reference import ROW_MAX_INIT, far_offset_inputs, online_rescale_fp32  # noqa: E402
+from attnclimb.reference import LOG2E, ROW_MAX_INIT, far_offset_inputs, online_rescale_fp32, row_multiplier_fp32  # noqa: E402
 
 F32 = torch.float32
 INV_SQRT_D = 1 / math.sqrt(128)
@@ -135,10 +135,15 @@ def test_kernel_model_any_magnitude(p, scale, ties, block_n, seed):
     """Scores anywhere from 0 to the fp32 limit, both signs, on both sides of the slow-row bound."""
     q, k, v = far_offset_inputs(1, 4, 600, p, scale, ties=ties, generator=torch.Generator().manual_seed(seed))
     out, lse = attention_tiled(q, k, v, scale, block_n=block_n, kernel_fp32=True, return_lse=True)
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert torch.isfinite(out).all()
     assert rel_l2(out, attention_exact(q, k, v, scale)) < 6e-3
+    # The LSE is fp32, as the kernel writes it (kernel_lse_fp32): within 1e-6 where the exact LSE fits in
+    # fp32, and the infinity of the right sign where it does not (|scale·max| > FLT_MAX).
     ref_lse = lse_exact(q, k, scale)
-    assert ((lse - ref_lse).abs() / ref_lse.abs().clamp(min=1.0)).max().item() < 1e-6
+    fits = ref_lse.abs() <= torch.finfo(torch.float32).max
+    assert torch.isfinite(lse[fits]).all()
+    assert (((lse - ref_lse).abs() / ref_lse.abs().clamp(min=1.0))[fits] < 1e-6).all()
+    assert (lse[~fits] == torch.sign(ref_lse[~fits]) * math.inf).all()
 
 
 _f32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -193,3 +198,16 @@ def test_kernel_model_large_v_does_not_overflow():
     out = attention_tiled(q, k, v, scale, block_n=64, kernel_fp32=True)
     assert torch.isfinite(out).all()
     assert rel_l2(out, attention_exact(q, k, v, scale)) < 1e-2
+
+
+@pytest.mark.parametrize(("p", "scale", "hard"), [(11, INV_SQRT_D, False), (30, 1.0, True), (121, 1.0, True)])
+def test_kernel_lse_soft_and_hard_rows(p, scale, hard):
+    """Both branches of the top rung's LSE formula (kernel_lse_fp32) against float64: soft rows through
+    the row reference R, hard rows (where only ties at the max carry weight) through scale·max."""
+    q, k, v = far_offset_inputs(1, 4, 300, p, scale, generator=torch.Generator().manual_seed(p))
+    _, lse = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, return_lse=True)
+    m = torch.matmul(q.double(), k.double().transpose(-1, -2)).amax(-1).float()
+    c = torch.tensor(scale, dtype=F32) * torch.tensor(LOG2E, dtype=F32)
+    assert bool((row_multiplier_fp32(m, c) != c).all()) == hard  # the case exercises the branch it names
+    ref = lse_exact(q, k, scale)
+    assert ((lse - ref).abs() / ref.abs().clamp(min=1.0)).max().item() < 1e-6

@@ -3,12 +3,18 @@
 Each implementation is an :class:`Impl` with a uniform protocol so the runner treats them alike:
 
 * ``available()`` -> ``(bool, reason)``: checked once per run (e.g. FA4 not importable);
+* ``unsupported(shape)`` -> reason or ``None``: a shape the implementation cannot compute (a rung without
+  the causal, GQA or head_dim variant), skipped with the reason even with ``--no-limits``;
+* ``for_shape(shape)`` -> the implementation set up for ``shape``'s variant (``causal``, ``gqa``): itself
+  for a plain shape, else a shallow copy with those attributes set, which ``call`` reads;
 * ``context()``: a context manager entered around the check and the timing (SDPA backend pinning);
 * ``prepare(q, k, v)``: per-input-set preprocessing done OUTSIDE the timed region (FA4's BSHD copies);
 * ``call(prepared)`` -> output: the timed work;
 * ``to_bhsd(output)`` -> ``(batch, heads, seqlen_q, head_dim)`` tensor for the correctness check.
 
-Inputs everywhere are ``(batch, heads, seqlen, 128)`` contiguous bf16 CUDA tensors; ``native_layout``
+Inputs everywhere are ``(batch, heads, seqlen, head_dim)`` contiguous bf16 CUDA tensors (``shape.head_dim``:
+128, or 64/256 on the feature columns; K and V with ``shape.kv_heads`` heads: grouped-query attention when
+fewer); SDPA and FA4 take any of these head dims, a rung those of its compile-time variants; ``native_layout``
 says which shape ``call`` takes (``"bhsd"``, or ``"bshd"`` for FA4), for the BSHD-view rows
 (:mod:`attnclimb.bench.dropin`). torch and the peers are imported lazily so this module imports on
 machines without them.
@@ -17,6 +23,7 @@ machines without them.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,11 +52,27 @@ class Impl:
     label: str
     kind: str  # "rung" | "peer"
     max_bench_seqlen: int | None = None
+    # the variant call() computes (set by for_shape): torch's is_causal=True, and fewer K/V heads than Q's
+    causal: bool = False
+    gqa: bool = False
     # the shape call() takes: "bhsd" = (batch, heads, seqlen, head_dim), "bshd" = (batch, seqlen, heads, head_dim)
     native_layout: ClassVar[str] = "bhsd"
 
     def available(self) -> tuple:
         return True, ""
+
+    def unsupported(self, shape) -> str | None:
+        """Why this impl cannot compute ``shape`` at all (``None`` = it can); skipped whatever the limits."""
+        return None
+
+    def for_shape(self, shape):
+        """This impl set up for ``shape``: ``self`` when ``causal``/``gqa`` already match, else a shallow copy
+        with them set (the copy shares everything else, e.g. a function found by ``available``)."""
+        if (self.causal, self.gqa) == (shape.causal, shape.gqa):
+            return self
+        other = copy.copy(self)
+        other.causal, other.gqa = shape.causal, shape.gqa
+        return other
 
     def context(self):
         return contextlib.nullcontext()
@@ -70,15 +93,54 @@ class Impl:
         return None
 
 
+def _or_join(words: list) -> str:
+    """``["a"] -> "a"``, ``["a", "b"] -> "a or b"``, ``["a", "b", "c"] -> "a, b or c"``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 class RungImpl(Impl):
-    """One of our rungs through ``attnclimb.attention(q, k, v, rung=N)``."""
+    """One of our rungs through ``attnclimb.attention(q, k, v, rung=N)``.
+
+    ``head_dims``: the head dims the rung computes, ``Rung.head_dim`` and the keys of ``Rung.head_dims`` (its
+    compile-time variants), as :func:`attnclimb.support.features_of` and
+    ``attnclimb.runtime.launch.feature_variant`` read them.
+    """
 
     def __init__(self, rung):
         super().__init__(
             key=rung.key, label=f"{rung.number:02d} {rung.name}", kind="rung", max_bench_seqlen=rung.max_bench_seqlen
         )
         self.number = rung.number
+        self.features = tuple(rung.features)
+        self.head_dims = tuple(sorted({rung.head_dim, *rung.head_dims}))
         self._fn = None
+
+    def missing_variants(self, shape) -> list:
+        """The variants ``shape`` needs and this rung lacks, as words: ``"causal"``, ``"grouped-query"``,
+        ``"head_dim 64"``; ``[]`` when it computes ``shape``."""
+        missing = [f for f, on in (("causal", shape.causal), ("gqa", shape.gqa)) if on and f not in self.features]
+        missing = ["grouped-query" if f == "gqa" else f for f in missing]
+        if shape.head_dim not in self.head_dims:
+            missing.append(f"head_dim {shape.head_dim}")
+        return missing
+
+    def unsupported(self, shape) -> str | None:
+        """``None`` when the rung computes ``shape``, else the variants it lacks and which rungs have them
+        (from ``attnclimb.rungs.RUNGS``): ``"no causal variant (issue 8: only the top rung has them)"``,
+        ``"no causal or head_dim 256 variant (...)"``, ``"no head_dim 96 variant (no rung has it)"``."""
+        missing = self.missing_variants(shape)
+        if not missing:
+            return None
+        from attnclimb.rungs import RUNGS
+
+        have = [r.number for r in RUNGS if not RungImpl(r).missing_variants(shape)]
+        if have == [RUNGS[-1].number]:
+            who = "issue 8: only the top rung has them"
+        elif have:
+            who = f"issue 8: rungs {', '.join(map(str, have))} have them"
+        else:
+            who = "no rung has it" if len(missing) == 1 else "no rung has them"
+        return f"no {_or_join(missing)} variant ({who})"
 
     def available(self) -> tuple:
         try:
@@ -93,6 +155,8 @@ class RungImpl(Impl):
 
     def call(self, prepared):
         q, k, v = prepared
+        if self.causal:
+            return self._fn(q, k, v, rung=self.number, is_causal=True)
         return self._fn(q, k, v, rung=self.number)
 
 
@@ -130,13 +194,18 @@ class SdpaImpl(Impl):
         import torch.nn.functional as F
 
         q, k, v = prepared
-        return F.scaled_dot_product_attention(q, k, v)
+        if self.gqa:  # torch >= 2.8: cuDNN, flash and efficient all take enable_gqa (else: a skipped row)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
 
 class Fa4Impl(Impl):
     """FlashAttention-4's CuTe-DSL path (``flash_attn.cute.flash_attn_func``), BSHD inputs.
 
     ``prepare`` makes the ``(batch, seqlen, heads, head_dim)`` contiguous copies outside the timed region.
+    ``flash_attn_func(q, k, v, causal=...)`` takes K/V with fewer heads natively (grouped-query attention).
+    Its causal mask is bottom-right aligned when ``seqlen_q != seqlen_k`` (torch's is top-left); the bench's
+    causal shapes are square, where the two agree.
     """
 
     native_layout: ClassVar[str] = "bshd"
@@ -158,7 +227,7 @@ class Fa4Impl(Impl):
 
     def call(self, prepared):
         q, k, v = prepared
-        return self._fn(q, k, v, causal=False)
+        return self._fn(q, k, v, causal=self.causal)
 
     def to_bhsd(self, out):
         if isinstance(out, (tuple, list)):  # (out, lse)

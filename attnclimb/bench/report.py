@@ -1,9 +1,13 @@
 """``python -m attnclimb report [json]``: the README results table and the ladder chart, from a results JSON.
 
 Nothing here needs torch or a GPU. The README table lives between ``<!-- results:begin -->`` and
-``<!-- results:end -->``; only the text between the two markers is replaced. Results that carry the
-drop-in sections (schema 3, :mod:`attnclimb.bench.dropin`) get two more small tables after the main one,
-BSHD views and host overhead; results without them render as they always did.
+``<!-- results:end -->``; only the text between the two markers is replaced. Results with feature columns
+(schema 4: shapes of group ``"features"``: causal and grouped-query attention, head_dim 64 and 256, issue 8)
+get a table of their own after the main one, listing the implementations that ran there; a column of
+another head_dim than 128 or with fewer K/V heads gives its dimensions in its header (``8k d64 (B2 H32
+S8192 D64)``). Results that carry the drop-in sections (schema 3, :mod:`attnclimb.bench.dropin`) get two
+more small tables after those, BSHD views and host overhead; results without them render as they always
+did.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from . import paths
 from .dropin import BSHD_SECTION, HOST_SECTION
 from .peers import FA4_KEY, PEER_KEYS, PEER_LABELS, REFERENCE_KEY
-from .shapes import HEAD_DIM, HEADLINE_SEQLENS, SHAPE_NOTES, shape_detail
+from .shapes import FEATURE_GROUP, HEAD_DIM, HEADLINE_SEQLENS, MAIN_GROUP, SHAPE_NOTES, shape_detail
 
 DESCRIPTION = (
     "Fill the README's results table (between its markers) and each rung page's measured section "
@@ -61,10 +65,15 @@ def load_results(path) -> dict:
 # ------------------------------------------------------------------------------------------ table model
 
 
-def _columns(doc: dict) -> list:
-    """``[(shape_name, label), ...]`` in bench order (from ``doc['shapes']``, else first appearance in rows)."""
-    cols = [(s["name"], s.get("label", s["name"])) for s in doc.get("shapes", [])]
-    seen = {n for n, _ in cols}
+def _columns(doc: dict, group: str = MAIN_GROUP) -> list:
+    """``[(shape_name, label), ...]`` of one group of columns in bench order (from ``doc['shapes']``, whose
+    ``group`` defaults to ``"main"``; then, for the main group, shapes that only the rows name, in order of
+    first appearance)."""
+    shapes = doc.get("shapes", [])
+    cols = [(s["name"], s.get("label", s["name"])) for s in shapes if s.get("group", MAIN_GROUP) == group]
+    if group != MAIN_GROUP:
+        return cols
+    seen = {s["name"] for s in shapes}
     for r in doc["rows"]:
         if r["shape"] not in seen:
             seen.add(r["shape"])
@@ -95,10 +104,13 @@ def _labels(doc: dict) -> dict:
 
 
 def _shape_detail(doc: dict, name: str) -> str:
-    """`` (B1 H40 Sq75600 Sk512)`` after a named shape's label (:func:`~attnclimb.bench.shapes.shape_detail`);
-    nothing after the FA-paper columns, whose dimensions the caption gives."""
+    """`` (B1 H40 Sq75600 Sk512)`` after a named shape's label (:func:`~attnclimb.bench.shapes.shape_detail`),
+    a GQA column's or a column's of another head_dim than 128 (`` (B2 H32 S8192 D64)``); nothing after the
+    other FA-paper columns, whose dimensions the caption gives."""
     for s in doc.get("shapes", []):
-        if s["name"] == name and not name.startswith("fa-"):
+        gqa = s.get("heads_kv") not in (None, s["heads"])
+        other_dim = s.get("head_dim", HEAD_DIM) != HEAD_DIM
+        if s["name"] == name and (gqa or other_dim or not name.startswith("fa-")):
             d = shape_detail(
                 s["batch"], s["heads"], s["seqlen_q"], s["seqlen_k"], s.get("heads_kv"), s.get("head_dim", HEAD_DIM)
             )
@@ -144,21 +156,28 @@ def caption(doc: dict) -> str:
     )
 
 
-def table_model(doc: dict, times: str = "×") -> tuple:
-    """``(header, body, footnotes)`` for the results table.
+def table_model(doc: dict, times: str = "×", group: str = MAIN_GROUP) -> tuple:
+    """``(header, body, footnotes)`` for the results table of one group of columns (``"main"``, or
+    ``"features"``: see :func:`feature_model`).
 
     header: ``["impl", <column labels>...]``; body: one list of strings per impl (label then cells, a cell
     is ``"612 (1.00×)"`` for ok rows, ``"612 (1.00× / 0.93×)"`` when the results carry ratios to FA4,
     ``"—"`` skipped, ``"error"``); footnotes: one line per (impl, non-ok status) naming the columns it
-    applies to.
+    applies to. In a group other than the main one, an impl skipped on every column of the group gets no
+    row; one footnote names those impls and their reasons.
     """
-    cols = _columns(doc)
+    cols = _columns(doc, group)
     fa4 = has_fa4_ratios(doc)
     labels = _labels(doc)
     by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
     header = ["impl"] + [lab + _shape_detail(doc, name) for name, lab in cols]
-    body, notes = [], {}
+    body, notes, hidden = [], {}, {}
     for impl in impl_order(doc):
+        mine = [by[(impl, name)] for name, _ in cols if (impl, name) in by]
+        if group != MAIN_GROUP and all(r["status"].startswith("skipped") for r in mine):
+            for r in mine:
+                hidden.setdefault(impl, []).append(r["status"].removeprefix("skipped: "))
+            continue
         cells = [labels[impl]]
         for name, lab in cols:
             r = by.get((impl, name))
@@ -173,7 +192,88 @@ def table_model(doc: dict, times: str = "×") -> tuple:
                 notes.setdefault((impl, st), []).append(lab)
         body.append(cells)
     foot = [f"{impl} at {', '.join(labs)}: {st}" for (impl, st), labs in notes.items()]
+    if hidden:
+        foot.append(f"{_impl_ranges(list(hidden))}: not run here ({_reasons(w for ws in hidden.values() for w in ws)})")
     return header, body, foot
+
+
+def _impl_ranges(impls: list) -> str:
+    """``rung00–rung11, fa4``: runs of consecutive rung numbers joined by a dash (3 or more), the rest as given."""
+    out, run_ = [], []
+    for impl in [*impls, None]:
+        n = None if impl is None else _rung_number(impl)
+        if n is not None and run_ and n == _rung_number(run_[-1]) + 1:
+            run_.append(impl)
+            continue
+        if run_:
+            out += [f"{run_[0]}–{run_[-1]}"] if len(run_) >= 3 else run_
+        run_ = [impl] if n is not None else []
+        if n is None and impl is not None:
+            out.append(impl)
+    return ", ".join(out)
+
+
+def _variant_rank(word: str) -> tuple:
+    """Sort key of a variant's name in a reason: ``causal``, ``grouped-query``, ``head_dim N`` by ``N``, others
+    (in their order: the sort is stable)."""
+    if word in ("causal", "grouped-query"):
+        return (0, word != "causal")
+    n = word.removeprefix("head_dim ")
+    return (1, int(n)) if n.isdigit() else (2, 0)
+
+
+def _reasons(reasons) -> str:
+    """Distinct skip reasons joined by `` / ``; a parenthesised tail they all share is said once, after a
+    semicolon: ``"no causal variant / no grouped-query variant; issue 8: only the top rung has them"``.
+    When they all read ``"no <variants> variant (<tail>)"`` (:meth:`~attnclimb.bench.peers.RungImpl.unsupported`),
+    the variants are listed once each: ``"no causal, grouped-query or head_dim 64 variant; issue 8: ..."``."""
+    reasons = list(dict.fromkeys(reasons))
+    tails = {w.rpartition(" (")[2] for w in reasons}
+    if len(tails) == 1 and all(" (" in w and w.endswith(")") for w in reasons):
+        tail = tails.pop()
+        heads = [w[: -len(tail) - 2] for w in reasons]
+        if len(heads) > 1 and all(h.startswith("no ") and h.endswith(" variant") for h in heads):
+            words = [x for h in heads for x in h[3 : -len(" variant")].replace(" or ", ", ").split(", ")]
+            words = sorted(dict.fromkeys(words), key=_variant_rank)  # causal, grouped-query, head_dim by size
+            listed = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+            return f"no {listed} variant; {tail[:-1]}"
+        return " / ".join(heads) + "; " + tail[:-1]
+    return " / ".join(reasons)
+
+
+def _feature_head_dims(doc: dict) -> list:
+    """The head dims other than 128 among the feature columns, ascending (``[64, 256]``; ``[]`` for results
+    without head_dim columns)."""
+    dims = {s.get("head_dim", HEAD_DIM) for s in doc.get("shapes", []) if s.get("group", MAIN_GROUP) == FEATURE_GROUP}
+    return sorted(dims - {HEAD_DIM})
+
+
+def feature_model(doc: dict, times: str = "×") -> tuple | None:
+    """``(intro, header, body, footnotes)`` of the feature columns' table (causal and grouped-query
+    attention, head_dim 64 and 256, issue 8; :data:`~attnclimb.bench.shapes.FEATURE_GROUP`), ``None`` when
+    the results have none. The rows are the impls that ran (or failed) on some of these columns; those
+    skipped on all of them (the rungs without the variants) are one footnote. The title and the head_dim
+    phrase follow the columns the results have (results without head_dim columns read as they did)."""
+    if not _columns(doc, FEATURE_GROUP):
+        return None
+    header, body, foot = table_model(doc, times, FEATURE_GROUP)
+    ref = _ratio_legend(doc)
+    dims = _feature_head_dims(doc)
+    title, head_dim, sizes = "Causal and grouped-query attention", "head_dim 128", "causal columns: 16 heads, "
+    if dims:  # their headers give their dimensions (B, H, S, D: _shape_detail)
+        title += f", head_dim {' and '.join(map(str, dims))}"
+        head_dim += (
+            f" unless the column says (D{', D'.join(map(str, dims))}: heads·head_dim = 2048 as in the FA papers)"
+        )
+        sizes = "16 heads where the column gives no dimensions, "
+    intro = (
+        f"{title} (issue 8): forward TFLOP/s of the same formula, halved for causal "
+        "columns (torch's is_causal=True, the FA papers' convention), counting query heads for GQA "
+        f"(K/V heads after the slash), bf16, {head_dim}; {sizes}batch·seqlen = 16384"
+        + (f"; {ref}" if ref else "")
+        + "."
+    )
+    return intro, header, body, foot
 
 
 def _ratio_legend(doc: dict) -> str:
@@ -185,7 +285,7 @@ def _ratio_legend(doc: dict) -> str:
 def _variants(doc: dict) -> str:
     """``"head_dim 128, non-causal"`` when every shape is so (all results before issue 8), else a phrase
     that sends the reader to the column labels."""
-    shapes = doc.get("shapes", [])
+    shapes = [s for s in doc.get("shapes", []) if s.get("group", MAIN_GROUP) == MAIN_GROUP]
     plain = all(
         s.get("head_dim", HEAD_DIM) == HEAD_DIM and not s.get("causal") and s.get("heads_kv") in (None, s["heads"])
         for s in shapes
@@ -353,6 +453,13 @@ def markdown_table(doc: dict, source: str | None = None) -> str:
     if foot:
         lines.append("")
         lines += [f"- {f}" for f in foot]
+    model = feature_model(doc)
+    if model is not None:
+        intro, fheader, fbody, ffoot = model
+        title, _, rest = intro.partition(": ")
+        lines += ["", f"**{title}**: {rest}", ""] + _markdown_rows(fheader, fbody)
+        if ffoot:
+            lines += [""] + [f"- {f}" for f in ffoot]
     lines += section_markdown(doc)
     lines.append("")
     lines.append(
@@ -375,6 +482,10 @@ def console_table(doc: dict) -> str:
     out = [caption(doc), unit, fmt(header), "  ".join("-" * w for w in widths)]
     out += [fmt(r) for r in body]
     out += [f"  {f}" for f in foot]
+    model = feature_model(doc, "x")
+    if model is not None:
+        intro, fheader, fbody, ffoot = model
+        out += ["", *textwrap.wrap(intro, 110)] + _plain_rows(fheader, fbody) + [f"  {f}" for f in ffoot]
     out += section_console(doc)
     return "\n".join(out)
 
@@ -503,7 +614,7 @@ def spread_labels(ys: list, min_gap: float) -> list:
 
 
 def _chart_columns(doc: dict) -> list:
-    shapes = doc.get("shapes") or []
+    shapes = [s for s in doc.get("shapes") or [] if s.get("group", MAIN_GROUP) == MAIN_GROUP]
     fa = [s for s in shapes if s["name"].startswith("fa-")]
     head = [s for s in fa if s.get("headline", s["seqlen_k"] in HEADLINE_SEQLENS)]  # not causal/d64/... variants
     return [(s["name"], s.get("label", s["name"])) for s in (head or fa or shapes)]

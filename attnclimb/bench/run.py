@@ -7,9 +7,12 @@ rounds (default 3): every round times each of them once (a median over ~``rep_ms
 order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
 so that no implementation always runs right after the same heavy neighbour or at the same point of
 the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
-the per-round values (in round order). Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped
-with ``--no-dropin-rows``): a BSHD-view call against the contiguous call, and the host overhead per call,
-each in a top-level section of its own. Rows, sections, environment and settings go to
+the per-round values (in round order). The feature columns (causal, grouped-query, head_dim 64 and 256;
+issue 8) come last, a group of their own in the JSON (``shapes[].group``; rows and shapes carry
+``head_dim``) and in the report; an implementation without the variant gets a ``"skipped: ..."`` row
+there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped with ``--no-dropin-rows``): a
+BSHD-view call against the contiguous call, and the host overhead per call, each in a top-level section
+of its own. Rows, sections, environment and settings go to
 ``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``;
 the tables are printed last.
 """
@@ -39,14 +42,17 @@ DESCRIPTION = (
 )
 REPO_ROOT = paths.REPO_ROOT
 # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds. 3: the top-level sections "bshd_view" and
-# "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows).
-SCHEMA_VERSION = 3
+# "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows). 4: rows and
+# shapes carry heads_kv, shapes their group ("main" or "features": causal, GQA and head_dim 64/256 columns,
+# issue 8; head_dim was in rows and shapes from the start).
+SCHEMA_VERSION = 4
 ROW_FIELDS = (
     "impl",
     "label",
     "shape",
     "batch",
     "heads",
+    "heads_kv",
     "seqlen_q",
     "seqlen_k",
     "head_dim",
@@ -116,6 +122,7 @@ def make_row(
         "shape": shape.name,
         "batch": shape.batch,
         "heads": shape.heads,
+        "heads_kv": shape.kv_heads,
         "seqlen_q": shape.seqlen_q,
         "seqlen_k": shape.seqlen_k,
         "head_dim": shape.head_dim,
@@ -151,11 +158,13 @@ def shape_entry(s) -> dict:
         "label": s.label,
         "batch": s.batch,
         "heads": s.heads,
+        "heads_kv": s.kv_heads,
         "seqlen_q": s.seqlen_q,
         "seqlen_k": s.seqlen_k,
         "head_dim": s.head_dim,
         "causal": s.causal,
         "headline": s.headline,
+        "group": s.group,
     }
 
 
@@ -497,10 +506,13 @@ def run_bench(
         for impl in impls:
             ok, why = avail[impl.key]
             skip = None if ok else f"skipped: {why}"
+            if skip is None:  # a variant the impl does not have: skipped whatever the limits
+                r = impl.unsupported(shape)
+                skip = f"skipped: {r}" if r else None
             if skip is None and respect_limits:
                 r = impl.skip_reason(shape)
                 skip = f"skipped: {r}" if r else None
-            plan.append((impl, skip))
+            plan.append((impl.for_shape(shape), skip))
         sets = refs = pairs = None
         if dead is None and any(s is None for _, s in plan):
             try:
@@ -630,9 +642,24 @@ def add_arguments(p) -> None:
         metavar="LIST",
         help="FA-paper seqlens and/or the named shapes 'wan' (Wan2.1-1.3B 480p self-attention), 'wan14b' "
         "(Wan2.1-14B 720p self-attention) and 'wan-cross' (its cross-attention to the 512 text tokens), "
-        "e.g. 4k,8192,wan-cross (default: 1k,2k,4k,8k,16k,wan,wan14b,wan-cross)",
+        "and the feature columns 'causal' (1k, 4k, 8k, 16k), 'gqa' (32/8 heads at 8k, non-causal and causal), "
+        "'hdim' (head_dim 64 with 32 heads and 256 with 8 at 8k, non-causal and causal), 'features' (all three) "
+        "or one by name (fa-4k-causal, fa-8k-gqa32x8, fa-8k-gqa32x8-causal, fa-8k-d64, fa-8k-d256-causal, ...), "
+        "e.g. 4k,8192,wan-cross,causal (default: 1k,2k,4k,8k,16k,wan,wan14b,wan-cross,features)",
     )
-    p.add_argument("--quick", action="store_true", help="4k, 16k and wan only, shorter warm-up and rep")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="4k, 16k, wan, causal 4k, causal GQA and causal head_dim 256 only, shorter warm-up and rep",
+    )
+    p.add_argument(
+        "--no-feature-columns",
+        action="store_true",
+        help="leave out the feature columns (causal 1k/4k/8k/16k, and GQA 32/8, head_dim 64 and head_dim 256 "
+        "at 8k, each non-causal and causal; issue 8), which run after the others by default (an estimated "
+        "35-100 s on an H200: about 28 s of timing, plus the first-use compiles of the top rung's and FA4's "
+        "causal, GQA and head_dim variants)",
+    )
     p.add_argument(
         "--rounds",
         type=int,
@@ -688,8 +715,10 @@ def main(args) -> int:
     except ValueError as exc:
         print(f"attnclimb bench: {exc}", file=sys.stderr)
         return 2
-    shapes = shapes_mod.default_shapes(seqlens, quick=args.quick)
-    if not impls:
+    shapes = shapes_mod.default_shapes(
+        seqlens, quick=args.quick, features=not getattr(args, "no_feature_columns", False)
+    )
+    if not impls or not shapes:
         print("attnclimb bench: nothing selected", file=sys.stderr)
         return 2
     rounds = getattr(args, "rounds", DEFAULT_ROUNDS)

@@ -9,12 +9,20 @@ The default run: head_dim 128, bf16, non-causal, equal head counts for q and k/v
   umT5 text tokens.
 
 A :class:`Shape` also carries ``causal``, ``head_dim`` and ``heads_kv`` (grouped-query attention), and
-puts them into its name, label and FLOP count the same way everywhere (:func:`fa_shape`), so the shapes
-issue 8 asks for are one call away; none of them is in the default run yet.
+puts them into its name, label and FLOP count the same way everywhere (:func:`fa_shape`).
+
+A second group of columns, ``"features"`` (:data:`FEATURE_SHAPES`, issue 8), runs after those in the
+default run: causal masking at head_dim 128 on the FA-paper shapes at 1k, 4k, 8k and 16k (FLOPs halved),
+the grouped-query attention of a current LLM (32 query heads, 8 K/V heads, head_dim 128, seqlen 8k,
+batch 2), non-causal and causal, and head_dim 64 and 256 at seqlen 8k (batch 2), each non-causal and
+causal, with the FA papers' head counts (heads * head_dim = 2048: 32 heads at 64, 8 at 256). Only the
+top rung has these variants (``Rung.features`` and ``Rung.head_dims``); the other rungs are skipped on
+them with the reason. fp16 is not in the kernels yet and not in the default run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 HEAD_DIM = 128
@@ -39,6 +47,8 @@ class Shape:
         causal: the mask of torch SDPA's ``is_causal=True`` (query i sees keys 0..i); halves the FLOPs.
         heads_kv: K/V heads for grouped-query attention (must divide ``heads``); ``None`` = ``heads``.
             Query head ``h`` reads K/V head ``h // (heads // kv_heads)``. FLOPs count query heads.
+        group: which table the column belongs to: ``"main"`` (:data:`MAIN_GROUP`, the ladder's shapes) or
+            ``"features"`` (:data:`FEATURE_GROUP`, causal, GQA and head_dim 64/256 columns, issue 8).
     """
 
     name: str
@@ -51,6 +61,7 @@ class Shape:
     causal: bool = False
     headline: bool = False
     heads_kv: int | None = None
+    group: str = "main"
 
     def __post_init__(self):
         if min(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim) < 1:
@@ -202,15 +213,52 @@ _ALIASES = {
     WAN14B_KEY: (WAN14B_KEY, "wan2.1-14b", WAN14B_SHAPE.name),
     WAN_CROSS_KEY: (WAN_CROSS_KEY, "wancross", "wan14b-cross", WAN_CROSS_SHAPE.name),
 }
+
+# The feature columns (issue 8): their own table in the report, after the main one.
+MAIN_GROUP, FEATURE_GROUP = "main", "features"
+CAUSAL_SEQLENS = (1024, 4096, 8192, 16384)
+GQA_SEQLEN, GQA_HEADS, GQA_HEADS_KV = 8192, 32, 8  # e.g. Llama-3-8B's attention: 32 query heads, 8 K/V heads
+# head_dim 64 and 256 (the top rung's Rung.head_dims): FA-paper shapes at 8k, 32 and 8 heads (model width 2048)
+HDIM_SEQLEN, FEATURE_HEAD_DIMS = 8192, (64, 256)
+
+
+def _feature(shape: Shape) -> Shape:
+    return dataclasses.replace(shape, group=FEATURE_GROUP)
+
+
+FEATURE_SHAPES = {
+    s.name: s
+    for s in (
+        *(_feature(fa_shape(n, causal=True)) for n in CAUSAL_SEQLENS),
+        _feature(fa_shape(GQA_SEQLEN, heads=GQA_HEADS, heads_kv=GQA_HEADS_KV)),
+        _feature(fa_shape(GQA_SEQLEN, heads=GQA_HEADS, heads_kv=GQA_HEADS_KV, causal=True)),
+        *(_feature(fa_shape(HDIM_SEQLEN, head_dim=d, causal=c)) for d in FEATURE_HEAD_DIMS for c in (False, True)),
+    )
+}  # column order: fa-1k-causal ... fa-16k-causal, fa-8k-gqa32x8, fa-8k-gqa32x8-causal, fa-8k-d64, fa-8k-d64-causal,
+# fa-8k-d256, fa-8k-d256-causal
+# --seqlens names for groups of feature columns (each column's own name works too)
+FEATURE_ALIASES = {
+    "causal": tuple(n for n, s in FEATURE_SHAPES.items() if s.causal and not s.gqa and s.head_dim == HEAD_DIM),
+    "gqa": tuple(n for n, s in FEATURE_SHAPES.items() if s.gqa),
+    "hdim": tuple(n for n, s in FEATURE_SHAPES.items() if s.head_dim != HEAD_DIM),
+    FEATURE_GROUP: tuple(FEATURE_SHAPES),
+}
 SHAPE_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in aliases}
-DEFAULT_SEQLENS = (*FA_SEQLENS, *NAMED_SHAPES)
-QUICK_DEFAULT = (*QUICK_SEQLENS, WAN_KEY)
+SHAPE_KEYS.update({name: name for name in FEATURE_SHAPES})
+DEFAULT_SEQLENS = (*FA_SEQLENS, *NAMED_SHAPES, *FEATURE_SHAPES)
+# --quick: one column per feature, the GQA and head_dim ones causal too; of the head dims 256, whose variant
+# changes the tile sizes (Rung.head_dims), where 64 keeps head_dim 128's
+QUICK_FEATURES = ("fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d256-causal")
+QUICK_DEFAULT = (*QUICK_SEQLENS, WAN_KEY, *QUICK_FEATURES)
 
 
 def parse_seqlens(spec: str) -> tuple:
-    """Parse ``--seqlens``: comma-separated ints, ``Nk`` (x1024), or the named shapes ``wan`` (Wan2.1-1.3B
-    480p), ``wan14b`` (Wan2.1-14B 720p) and ``wan-cross`` (its cross-attention to text); a named shape's
-    full name works too. Returns ints and/or those keys, first occurrence kept.
+    """Parse ``--seqlens``: comma-separated ints, ``Nk`` (x1024), the named shapes ``wan`` (Wan2.1-1.3B
+    480p), ``wan14b`` (Wan2.1-14B 720p) and ``wan-cross`` (its cross-attention to text), the feature
+    columns by name (``fa-4k-causal``, ``fa-8k-gqa32x8``, ``fa-8k-d64``, ...) or by group: ``causal`` (the
+    four causal columns at head_dim 128), ``gqa`` (the two GQA columns), ``hdim`` (the four head_dim 64/256
+    columns), ``features`` (all ten); a named shape's full name works too.
+    Returns ints and/or those keys (a group as its columns' names), first occurrence kept.
 
     ``ValueError`` on an unparseable or non-positive entry.
     """
@@ -219,13 +267,18 @@ def parse_seqlens(spec: str) -> tuple:
         tok = tok.strip().lower()
         if not tok:
             continue
+        if tok in FEATURE_ALIASES:
+            out += [n for n in FEATURE_ALIASES[tok] if n not in out]
+            continue
         if tok in SHAPE_KEYS:
             item = SHAPE_KEYS[tok]
         else:
             try:
                 item = int(tok[:-1]) * 1024 if tok.endswith("k") else int(tok)
             except ValueError:
-                raise ValueError(f"bad seqlen {tok!r}: use e.g. 4096, 4k, {', '.join(NAMED_SHAPES)}") from None
+                raise ValueError(
+                    f"bad seqlen {tok!r}: use e.g. 4096, 4k, {', '.join(NAMED_SHAPES)}, {', '.join(FEATURE_ALIASES)}"
+                ) from None
             if item < 1:
                 raise ValueError(f"seqlen must be >= 1, got {item}")
         if item not in out:
@@ -235,16 +288,22 @@ def parse_seqlens(spec: str) -> tuple:
     return tuple(out)
 
 
-def default_shapes(seqlens=None, quick: bool = False) -> list:
+def default_shapes(seqlens=None, quick: bool = False, features: bool = True) -> list:
     """The shapes a bench run times, in column order (FA sweep by seqlen, then the named shapes in
-    :data:`NAMED_SHAPES` order).
+    :data:`NAMED_SHAPES` order, then the feature columns in :data:`FEATURE_SHAPES` order).
 
     Args:
         seqlens: None for the default set (:data:`DEFAULT_SEQLENS`), else an iterable of ints and/or
-            keys of :data:`NAMED_SHAPES` (see :func:`parse_seqlens`); ints become FA-paper shapes.
-        quick: with ``seqlens=None``, only 4k and 16k plus the Wan2.1-1.3B shape.
+            keys of :data:`NAMED_SHAPES` and :data:`FEATURE_SHAPES` (see :func:`parse_seqlens`); ints
+            become FA-paper shapes.
+        quick: with ``seqlens=None``, only 4k and 16k plus the Wan2.1-1.3B shape, and of the feature
+            columns causal 4k, causal GQA and causal head_dim 256 (:data:`QUICK_FEATURES`).
+        features: ``False`` leaves the feature columns out (whatever ``seqlens`` names).
     """
     if seqlens is None:
         seqlens = QUICK_DEFAULT if quick else DEFAULT_SEQLENS
     fa = sorted({s for s in seqlens if isinstance(s, int)})
-    return [fa_shape(s) for s in fa] + [shape for key, shape in NAMED_SHAPES.items() if key in seqlens]
+    out = [fa_shape(s) for s in fa] + [shape for key, shape in NAMED_SHAPES.items() if key in seqlens]
+    if features:
+        out += [shape for name, shape in FEATURE_SHAPES.items() if name in seqlens]
+    return out

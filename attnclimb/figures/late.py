@@ -585,7 +585,7 @@ def rung11_grid(path):
     for xc, text, ha in cols:
         label(ax, xc, ty, text, size=7, weight="bold", ha=ha)
     ax.plot([tx, tx + 3.2], [ty - 0.12, ty - 0.12], color="#333333", lw=0.6)
-    for k, sh in enumerate(shapes.default_shapes()):
+    for k, sh in enumerate(shapes.default_shapes(features=False)):
         n = sh.batch * sh.heads * r.num_m_blocks(sh.seqlen_q)
         q, rem = divmod(n, min(n, grid))
         per_cta = f"{q + 1} or {q}" if rem else f"{q}"
@@ -596,7 +596,7 @@ def rung11_grid(path):
             strict=True,
         ):
             label(ax, xc, yk, text, size=6.8, ha=ha)
-    yk = ty - 0.3 - len(shapes.default_shapes()) * 0.24
+    yk = ty - 0.3 - len(shapes.default_shapes(features=False)) * 0.24
     label(
         ax,
         tx,

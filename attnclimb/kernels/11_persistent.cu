@@ -36,7 +36,7 @@
 constexpr int NUM_WARPS = NUM_THREADS / 32;
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
-constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 <= 64 K
+constexpr int PRODUCER_REGS = 24;  // setmaxnreg targets: 128·24 + 256·240 = 384·168, the CTA's pool
 constexpr int CONSUMER_REGS = 240;
 constexpr int WARP_ROWS = 16;                       // rows of Q per warp (its part of a wgmma's M = 64)
 constexpr int WARPGROUP_ROWS = 64;                  // M of one wgmma: 4 warps x 16 rows
@@ -53,8 +53,12 @@ static_assert(NUM_STAGES >= 2, "at least one tile in flight while another is com
 static_assert(BLOCK_M % Q_BOX_ROWS == 0 && BLOCK_N % KV_BOX_ROWS == 0, "tiles are whole TMA boxes");
 static_assert(Q_BOX_ROWS % 8 == 0 && KV_BOX_ROWS % 8 == 0, "boxes must be whole 1024-B swizzle atoms");
 static_assert(BLOCK_M == CONSUMER_WARPS * WARP_ROWS, "each consumer warp owns 16 rows of Q");
-static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <= 65536,
-              "the register file holds 64 K registers");
+// setmaxnreg moves registers within the CTA's own pool, the launch allocation of 65536 / NUM_THREADS per
+// thread rounded down to 8 (168 at 384 threads; ptxas allocates that much, tests/test_build_cpu.py checks):
+// a setmaxnreg.inc that the pool cannot serve blocks for ever (PTX ISA "setmaxnreg").
+static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
+                  NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
+              "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
 static_assert(SMEM_BYTES == 1024 + 2 * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
@@ -87,6 +91,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ __align__(8) uint64_t bar_v[NUM_STAGES];        // V tile of the stage has landed
     __shared__ __align__(8) uint64_t bar_k_empty[NUM_STAGES];  // every consumer warp is done with K
     __shared__ __align__(8) uint64_t bar_v_empty[NUM_STAGES];  // every consumer warp is done with V
+    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -322,6 +327,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             softmax_tile(nb * BLOCK_N, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
             TRACE_END(SOFTMAX);
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
             // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
             TRACE_BEGIN(PV);

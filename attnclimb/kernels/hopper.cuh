@@ -139,10 +139,29 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, uint6
 constexpr uint32_t PANEL_ROW_BYTES = 128;
 
 __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
-                                              int box_rows, int row0, int bh) {
-    for (int p = 0; p < 2; ++p)
+                                              int box_rows, int row0, int bh, int panels = 2) {
+    for (int p = 0; p < panels; ++p)
         for (int r = 0; r < rows; r += box_rows)
             tma_load_3d(dst + (p * rows + r) * PANEL_ROW_BYTES, map, bar, p * 64, row0 + r, bh);
+}
+
+// The same tile through a 4-D map over a strided (batch, heads, seqlen, 128) tensor (innermost first:
+// column, row, head, batch): a BSHD view or a slice of a fused QKV buffer is read where it lies.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_tile_4d(unsigned char* dst, const TmaDesc* map, uint64_t* bar,
+                                                 int rows, int box_rows, int row0, int head, int batch,
+                                                 int panels = 2) {
+    for (int p = 0; p < panels; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            tma_load_4d(dst + (p * rows + r) * PANEL_ROW_BYTES, map, bar, p * 64, row0 + r, head, batch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,6 +219,15 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the computation of `x` above the next wgmma wait. ptxas schedules a wgmma.wait_group
+// (WARPGROUP.DEPBAR) as early in its basic block as the registers allow, so arithmetic that the source
+// puts between the issue of a wgmma group and its wait (the softmax under P·V: FlashAttention-3 Sec. 3.2)
+// ends up after the wait, serialised with the GEMM. A shared-memory store stays before the wait, and with
+// it everything the stored value depends on. `slot` is a per-thread scratch word (no other reader).
+__device__ __forceinline__ void keep_above_wait(uint32_t slot, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(slot), "f"(x) : "memory");
 }
 
 // Compiler-only fence on registers: an empty asm that "reads and writes" each register, so the
@@ -394,6 +422,62 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uin
         : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
           HOP_ACC8(d, 12), HOP_ACC8(d, 14)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+// The same for O of 64 and 256 columns (head_dim 64 and 256; issue 8).
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+        " {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"  // scale-d, scale-a, scale-b, tnspB
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+        " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+        " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,\n"
+        " %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,\n"
+        " %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+        " {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n"  // scale-d, scale-a, scale-b, tnspB
+        "}\n"
+        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10),
+          HOP_ACC8(d, 12), HOP_ACC8(d, 14), HOP_ACC8(d, 16), HOP_ACC8(d, 18), HOP_ACC8(d, 20),
+          HOP_ACC8(d, 22), HOP_ACC8(d, 24), HOP_ACC8(d, 26), HOP_ACC8(d, 28), HOP_ACC8(d, 30)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+// m64nNk16 RS for an N (= HEAD_DIM, the width of O) chosen at compile time.
+template <int N, int TRANS_B>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                         int accumulate) {
+    if constexpr (N == 64) {
+        wgmma_m64n64k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+    } else if constexpr (N == 128) {
+        wgmma_m64n128k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+    } else if constexpr (N == 256) {
+        wgmma_m64n256k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+    } else {
+        static_assert(N == 64, "wgmma_rs: add an m64nNk16 variant for this N");
+    }
 }
 
 #undef HOP_ACC8

@@ -52,7 +52,7 @@ __device__ __forceinline__ void gemm_pv_async(float (&o)[HEAD_DIM / 8][4], const
 #pragma unroll
     for (int kv = 0; kv < N / 16; ++kv) {
         const uint64_t b = hop::desc_mnmajor_sw128(v_tile + kv * 16 * hop::PANEL_ROW_BYTES, v_panel);
-        hop::wgmma_m64n128k16_rs<1>(o, p[kv], b, 1);
+        hop::wgmma_rs<HEAD_DIM, 1>(o, p[kv], b, 1);
     }
     hop::wgmma_commit();
 }

@@ -9,14 +9,17 @@ TMA tensor maps (rungs 5+) are built with ``StridedMemoryView.as_tensor_map`` (C
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 
 import numpy as np
 
-from ..rungs import HEAD_DIM, Rung
+from ..rungs import Rung
 from .compiler import compile_rung
 
 _lock = threading.Lock()
+PANEL_COLS = 64  # a TMA box is one 64-column (128-byte) panel wide: the 128-byte swizzle's row
 
 
 def _check(result, what: str):
@@ -219,7 +222,7 @@ _TMAP_CACHE_SIZE = 64
 
 
 def cached_tensor_map(t3d, box_rows: int):
-    """:func:`tensor_map`, memoised by (address, shape, box, device).
+    """:func:`tensor_map`, memoised by (address, shape including head_dim, box, device).
 
     A tensor map encodes only those (plus the fixed dtype, strides and swizzle), so a hit is exactly the
     map a fresh encode would build, even if the memory was freed and reallocated in between. Saves the
@@ -230,15 +233,24 @@ def cached_tensor_map(t3d, box_rows: int):
 
 
 def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
-    """The cached map over contiguous ``t`` seen as ``(bh, rows, 128)``; the view is built on a miss only."""
-    key = (t.data_ptr(), bh, rows, box_rows, device_index)
+    """The cached map over contiguous ``t`` seen as ``(bh, rows, head_dim)``; the view is built on a miss only.
+
+    The key holds head_dim (the map's row pitch and width): a head_dim 64 tensor that reuses the memory of
+    a freed head_dim 128 one of the same ``(bh, rows)`` must not get the old map, whose rows are twice as
+    far apart (every head but the first would be read from the wrong place)."""
+    key = (t.data_ptr(), bh, rows, t.shape[-1], box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
-        tm = tensor_map(t.view(bh, rows, HEAD_DIM), box_rows)
-        with _lock:
-            if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
-                _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
-            _TMAP_CACHE[key] = tm
+        tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows))
+    return tm
+
+
+def _remember(key, tm):
+    """Store ``tm`` in the tensor-map cache under ``key``, dropping the oldest entry when it is full."""
+    with _lock:
+        if len(_TMAP_CACHE) >= _TMAP_CACHE_SIZE:
+            _TMAP_CACHE.pop(next(iter(_TMAP_CACHE)))  # oldest first (dicts keep insertion order)
+        _TMAP_CACHE[key] = tm
     return tm
 
 
@@ -250,6 +262,13 @@ def tensor_map(t3d, box_rows: int):
     ``t3d`` must be contiguous with a 16-byte aligned base (the API guarantees both). Returns a
     ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
+    # cuda.core takes the box outermost-first: (bh, rows, cols)
+    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, PANEL_COLS))
+
+
+def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
+    """A bf16 tensor map (128-byte swizzle, zero OOB fill) over memory at ``data_ptr`` of ``shape`` and element
+    ``strides`` (outermost first, as torch gives them), box ``box`` (outermost first)."""
     from cuda.core import TensorMapDescriptorOptions
     from cuda.core._tensor_map import TensorMapDataType, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
@@ -258,9 +277,9 @@ def tensor_map(t3d, box_rows: int):
     # cached map would keep its tensor alive (up to _TMAP_CACHE_SIZE of them: leaked GPU memory, and under
     # CUDA-graph capture "tensors in the cudagraph pool not tracked as outputs"). So it is built on a
     # non-owning __cuda_array_interface__ of the same memory; the map itself holds only the address.
-    view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(t3d), stream_ptr=-1)
+    view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(data_ptr, shape, strides), stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
-        box_dim=(1, box_rows, HEAD_DIM // 2),  # cuda.core takes the box outermost-first: (bh, rows, cols)
+        box_dim=box,
         data_type=TensorMapDataType.BFLOAT16,
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
         oob_fill=TensorMapOOBFill.NONE,
@@ -274,19 +293,103 @@ class _UnownedBf16:
     CAI has no bf16 type string, so it is described as 2-byte unsigned ints (``<u2``) and the tensor map
     gets the element type explicitly (``TensorMapDataType.BFLOAT16``)."""
 
-    def __init__(self, t):
+    def __init__(self, data_ptr: int, shape: tuple, strides: tuple):
         self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape),
+            "shape": tuple(shape),
             "typestr": "<u2",
-            "data": (t.data_ptr(), False),
-            "strides": tuple(2 * s for s in t.stride()),
+            "data": (data_ptr, False),
+            "strides": tuple(2 * s for s in strides),
             "version": 3,
             "stream": None,
         }
 
 
-def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
+def feature_variant(
+    rung: Rung,
+    causal: bool,
+    gqa: bool,
+    lse: bool,
+    strided: bool = False,
+    head_dim: int | None = None,
+    seqlen_k: int | None = None,
+) -> Rung:
+    """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9) and
+    ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes),
+    memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself. A causal
+    call of ``rung.head_dim`` with ``seqlen_k`` up to ``Rung.causal_short``'s bound takes that entry's tile
+    sizes. ``ValueError`` when the rung lacks a requested feature or head_dim."""
+    head_dim = rung.head_dim if head_dim is None else head_dim
+    short = bool(
+        causal
+        and head_dim == rung.head_dim
+        and rung.causal_short is not None
+        and seqlen_k is not None
+        and seqlen_k <= rung.causal_short[0]
+    )
+    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short)
+
+
+@functools.cache
+def _variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, short: bool) -> Rung:
+    want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided}
+    missing = [f for f, on in want.items() if on and f not in rung.features]
+    if missing:
+        raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
+    if head_dim != rung.head_dim and head_dim not in rung.head_dims:
+        dims = sorted({rung.head_dim, *rung.head_dims})
+        raise ValueError(f"{rung.key} does not support head_dim {head_dim} (supported: {dims})")
+    if not any(want.values()) and head_dim == rung.head_dim:
+        return rung
+    if head_dim != rung.head_dim:
+        rung = dataclasses.replace(rung, head_dim=head_dim, **rung.head_dims[head_dim])
+    elif short:
+        rung = dataclasses.replace(rung, **rung.causal_short[1])
+    defines = {
+        **rung.extra_defines,
+        "CAUSAL": int(causal),
+        "GQA": int(gqa),
+        "WRITE_LSE": int(lse),
+        "STRIDED": int(strided),
+    }
+    return dataclasses.replace(rung, extra_defines=defines)
+
+
+def _check_strided(q, k, v, o) -> None:
+    """ValueError unless the strided variant can read Q, K, V and write O where they lie."""
+    from .layout import tma_layout_reason
+
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        why = tma_layout_reason(tuple(t.shape), t.stride(), t.data_ptr())
+        if why is not None:
+            raise ValueError(f"{name} cannot be read in place by TMA ({why}); pass a contiguous copy")
+    if any(s % 2 for s in o.stride()[:3]) or o.data_ptr() % 4:
+        raise ValueError(f"o's strides {o.stride()} must be even and its base 4-byte aligned (bf16x2 stores)")
+
+
+def _tensor_map_4d(t, box_rows: int, device_index: int):
+    """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 tensor, as it lies (box ``(64, box_rows, 1, 1)``,
+    128-byte swizzle, zero OOB fill), memoised in the 3-D maps' cache by (address, shape, strides, box, device).
+    A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), box_rows, device_index)  # never equal to a 3-D map's key
+    tm = _TMAP_CACHE.get(key)
+    if tm is None:
+        strides = list(t.stride())
+        packed = t.shape[-1]
+        for i in range(len(strides) - 2, -1, -1):
+            if t.shape[i] == 1:
+                strides[i] = packed
+            packed *= t.shape[i]
+        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, PANEL_COLS)))
+    return tm
+
+
+def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None) -> None:
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
+
+    ``causal`` applies torch's ``is_causal=True`` mask (top-left aligned); ``k``/``v`` may have fewer heads
+    than ``q`` (a divisor: grouped-query attention, query head h reads K/V head ``h // (H // H_kv)``);
+    ``lse``, an fp32 ``(B, H, Sq)`` contiguous tensor, receives the natural-log log-sum-exp of each row's
+    scaled scores. These need a rung whose ``features`` include them (the top rung), else ``ValueError``.
 
     ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, 16-byte aligned, on one
     CUDA device, every size >= 1, each tensor under 2^31 elements (:func:`attnclimb.ops.forward` splits
@@ -297,9 +400,149 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     CTAs, so no batch·heads limit of ``gridDim.y/z`` (65535) applies. No synchronisation and, on the fused
     rungs, no device allocation: a call can be captured into a CUDA graph (after a first call has compiled
     and loaded the rung).
+
+    Host time: everything a fused rung's launch needs but O's and the LSE's addresses and the stream (the
+    variant, the checks, the tensor maps, grid and arguments) is a :class:`_Plan`, memoised by
+    :func:`_plan_key` (rung, device, dtype, shapes, strides and addresses of Q, K, V, O's shape, strides and
+    alignment, scale, causal, with or without LSE). A repeated call is that key, one dictionary lookup and
+    the launch; a call that differs in any of them plans afresh (and raises as a fresh plan would).
     """
+    if rung.abi == "unfused":  # rung 0: a score workspace and three launches per call; not planned
+        _run_unfused(rung, q, k, v, o, scale, causal, lse)
+        return
+    dev = q.device.index
+    key = _plan_key(rung, dev, q, k, v, o, scale, causal, lse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember_plan(key, _plan(rung, q, k, v, o, scale, bool(causal), lse))
+    lr = plan.lr
+    _ensure_context(lr)
+    stream = lr.stream_for_handle(current_stream_handle(dev))
+    plan.launch(stream, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+
+
+def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
+    """What a :class:`_Plan` depends on: the rung, device and dtype (bf16 is all the kernels take; a key of
+    another would plan the same, but stays apart); shapes, strides and addresses of Q, K and V (their tensor
+    maps encode all three); O's shape and strides (the strided variant, O's stride arguments) and its
+    address modulo 16 (the strided variant's alignment check); scale, causal, LSE or not. Not O's or the
+    LSE's address (passed per launch) nor the stream (looked up per launch)."""
+    return (
+        rung,
+        dev,
+        q.dtype,
+        q.shape,
+        q.stride(),
+        q.data_ptr(),
+        k.shape,
+        k.stride(),
+        k.data_ptr(),
+        v.shape,
+        v.stride(),
+        v.data_ptr(),
+        o.shape,
+        o.stride(),
+        o.data_ptr() % 16,
+        scale,
+        bool(causal),
+        lse is None,
+    )
+
+
+_PLANS: dict = {}
+_PLANS_SIZE = 256  # a model's attention calls with distinct buffers (a few KB each: three tensor maps)
+
+
+def _remember_plan(key, plan):
+    """Store ``plan`` under ``key``, dropping the oldest plan when the cache is full."""
+    with _lock:
+        if len(_PLANS) >= _PLANS_SIZE:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
+    return plan
+
+
+class _Plan:
+    """One fused rung's launch with all but O's and the LSE's addresses and the stream fixed: the loaded
+    (variant of the) rung, its ``attn_fwd`` kernel and launch configuration, and the kernel arguments before
+    O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``; ``None`` for a
+    kernel without the top rung's extra arguments, which takes no LSE)."""
+
+    __slots__ = ("config", "head", "kernel", "lr", "middle", "tail")
+
+    def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
+        self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
+        self.config = _launch_config(grid, lr.block, lr.smem_bytes)
+        self.kernel = lr.kernels["attn_fwd"]
+
+    def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
+        """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
+        if self.tail is None:
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle)
+        else:
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
+
+
+def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
+    """``(variant, strided)``: the checks of :func:`run_rung` and the compile-time variant it launches."""
     if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
         raise ValueError(f"run_rung needs every size >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    gqa = k.shape[1] != q.shape[1]
+    head_dim = q.shape[-1]
+    # Non-contiguous Q, K, V or O: read and written in place through 4-D tensor maps and O's strides, on a
+    # rung with the "strided" feature; each must pass layout.tma_layout_reason (and O's strides be even).
+    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous())
+    if causal or gqa or lse is not None or strided or head_dim != rung.head_dim:
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2])
+    if strided:
+        _check_strided(q, k, v, o)
+    return rung, strided
+
+
+def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
+    """The :class:`_Plan` of a pointer or TMA rung's launch (:func:`run_rung`'s checks run here)."""
+    rung, strided = _checked_variant(rung, q, k, v, o, causal, lse)
+    dev = q.device.index
+    lr = loaded(rung, dev)
+    b, h, sq, _ = q.shape
+    sk = k.shape[2]
+    bh = b * h
+    bh_kv = b * k.shape[1]
+    i32, f32 = np.int32, np.float32
+    m_blocks = rung.num_m_blocks(sq)
+    grid = (m_blocks * bh,)
+    sizes = (i32(sq), i32(sk), i32(m_blocks), f32(scale))
+    if rung.abi == "pointer":
+        return _Plan(lr, grid, (q.data_ptr(), k.data_ptr(), v.data_ptr()), sizes, None)
+    if rung.abi == "tma":
+        if strided:
+            maps = tuple(
+                _tensor_map_4d(t, box, dev)
+                for t, box in ((q, rung.q_box_rows), (k, rung.kv_box_rows), (v, rung.kv_box_rows))
+            )
+        else:
+            maps = (
+                _tensor_map_of(q, bh, sq, rung.q_box_rows, dev),
+                _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev),
+                _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev),
+            )
+        if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
+            grid = (lr.persistent_grid(grid[0]),)
+            sizes += (i32(m_blocks * bh),)
+        if not rung.features:
+            return _Plan(lr, grid, maps, sizes, None)
+        # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
+        i64 = np.int64
+        ob, oh, os_, _ = o.stride()
+        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), (i64(ob), i64(oh), i64(os_)))
+    raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
+
+
+def _run_unfused(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> None:
+    """Rung 0: ``qk_scores`` into an fp32 workspace, ``row_softmax`` on it in place, ``pv_product``."""
+    import torch
+
+    rung, _ = _checked_variant(rung, q, k, v, o, causal, lse)
     dev = q.device.index
     lr = loaded(rung, dev)
     _ensure_context(lr)
@@ -308,65 +551,31 @@ def run_rung(rung: Rung, q, k, v, o, scale: float) -> None:
     sk = k.shape[2]
     bh = b * h
     i32, f32 = np.int32, np.float32
-    if rung.abi == "unfused":
-        import torch
-
-        s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
-        tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
-        lr.launch(
-            "qk_scores",
-            (tiles_n * tiles_m * bh,),
-            (rung.threads,),
-            0,
-            stream,
-            q.data_ptr(),
-            k.data_ptr(),
-            s.data_ptr(),
-            i32(sq),
-            i32(sk),
-            f32(scale),
-        )
-        lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
-        lr.launch(
-            "pv_product",
-            (tiles_m * bh,),
-            (rung.threads,),
-            0,
-            stream,
-            s.data_ptr(),
-            v.data_ptr(),
-            o.data_ptr(),
-            i32(sq),
-            i32(sk),
-        )
-        return
-    m_blocks = rung.num_m_blocks(sq)
-    grid = (m_blocks * bh,)
-    if rung.abi == "pointer":
-        lr.launch(
-            "attn_fwd",
-            grid,
-            lr.block,
-            lr.smem_bytes,
-            stream,
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            o.data_ptr(),
-            i32(sq),
-            i32(sk),
-            i32(m_blocks),
-            f32(scale),
-        )
-        return
-    if rung.abi == "tma":
-        tq = _tensor_map_of(q, bh, sq, rung.q_box_rows, dev)
-        tk = _tensor_map_of(k, bh, sk, rung.kv_box_rows, dev)
-        tv = _tensor_map_of(v, bh, sk, rung.kv_box_rows, dev)
-        args = (tq, tk, tv, o.data_ptr(), i32(sq), i32(sk), i32(m_blocks), f32(scale))
-        if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
-            grid = (lr.persistent_grid(grid[0]),)
-            args += (i32(m_blocks * bh),)
-        lr.launch("attn_fwd", grid, lr.block, lr.smem_bytes, stream, *args)
-        return
-    raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
+    s = torch.empty((bh, sq, sk), device=q.device, dtype=torch.float32)
+    tiles_m, tiles_n = -(-sq // rung.block_m), -(-sk // rung.block_n)
+    lr.launch(
+        "qk_scores",
+        (tiles_n * tiles_m * bh,),
+        (rung.threads,),
+        0,
+        stream,
+        q.data_ptr(),
+        k.data_ptr(),
+        s.data_ptr(),
+        i32(sq),
+        i32(sk),
+        f32(scale),
+    )
+    lr.launch("row_softmax", (bh * sq,), (rung.threads,), 0, stream, s.data_ptr(), i32(sk), f32(scale))
+    lr.launch(
+        "pv_product",
+        (tiles_m * bh,),
+        (rung.threads,),
+        0,
+        stream,
+        s.data_ptr(),
+        v.data_ptr(),
+        o.data_ptr(),
+        i32(sq),
+        i32(sk),
+    )

@@ -19,26 +19,38 @@ INT32_LIMIT = 2**31 - 1
 
 @dataclass(frozen=True)
 class Chunk:
-    """One launch of a split call: ``batch``, ``heads`` and query ``rows`` as ``(start, stop)`` ranges.
+    """One launch of a split call: ``batch``, query ``heads``, query ``rows`` and K/V heads (``kv_heads``)
+    as ``(start, stop)`` ranges.
 
     Either ``heads`` covers every head or ``batch`` is one batch entry, and either ``rows`` covers every
     query row or the chunk is one head, so each slice of a contiguous ``(B, H, S, D)`` tensor is itself
-    contiguous: the launch reads and writes it in place, through a view.
+    contiguous: the launch reads and writes it in place, through a view. ``kv_heads`` (``None``: the same
+    range as ``heads``) are the K/V heads the chunk's query heads read under grouped-query attention (query
+    head ``h`` reads K/V head ``h // group``): whole groups, or part of one group and its one K/V head.
     """
 
     batch: tuple
     heads: tuple
     rows: tuple
+    kv_heads: tuple | None = None
 
     @property
     def q_index(self) -> tuple:
-        """Index of this chunk's Q (and O) in the ``(B, H, Sq, D)`` tensor."""
+        """Index of this chunk's Q (and O, and the ``(B, H, Sq)`` LSE) in the ``(B, H, Sq, D)`` tensor."""
         return (slice(*self.batch), slice(*self.heads), slice(*self.rows))
 
     @property
     def kv_index(self) -> tuple:
-        """Index of this chunk's K and V in the ``(B, H, Sk, D)`` tensors (every key)."""
-        return (slice(*self.batch), slice(*self.heads))
+        """Index of this chunk's K and V in the ``(B, H_kv, Sk, D)`` tensors (every key)."""
+        return (slice(*self.batch), slice(*(self.heads if self.kv_heads is None else self.kv_heads)))
+
+
+def query_rows_fit(seqlen_q: int, head_dim: int, limit: int = INT32_LIMIT) -> bool:
+    """Whether one head's Q (and O) fit in one launch, i.e. :func:`plan_chunks` never splits query rows.
+
+    A causal call needs this: the kernels put the diagonal at query row 0 of the launch (they take no row
+    offset), so a launch that starts at row ``r > 0`` would mask the wrong keys."""
+    return seqlen_q * head_dim <= limit
 
 
 def plan_chunks(
@@ -48,6 +60,8 @@ def plan_chunks(
     seqlen_k: int,
     head_dim: int,
     *,
+    heads_kv: int | None = None,
+    causal: bool = False,
     score_workspace: bool = False,
     limit: int = INT32_LIMIT,
 ) -> list:
@@ -56,16 +70,30 @@ def plan_chunks(
     over heads within one batch entry, then over query rows within one head (rows of Q are independent;
     keys are not, so one head's K and V must fit).
 
+    ``heads_kv`` (grouped-query attention; ``None``: ``heads``) must divide ``heads``: query head ``h`` reads
+    K/V head ``h // (heads // heads_kv)``. Head splits then take whole groups of query heads with their K/V
+    heads, or, when one group's queries do not fit, part of one group with its one K/V head; each chunk's
+    ``kv_heads`` says which.
+
+    ``causal``: the call is causal (torch's ``is_causal=True``), whose diagonal the kernels anchor at the
+    launch's first query row; a split over query rows would move it, so it raises instead (see
+    :func:`query_rows_fit`).
+
     ``score_workspace``: rung 0 materialises ``S`` (``heads·seqlen_q·seqlen_k`` fp32 per batch entry),
     which must fit too. Returns a list of :class:`Chunk` in order, one chunk when nothing needs splitting,
     none when a size is zero.
 
     Raises:
         ValueError: one head's K/V (``seqlen_k·head_dim``), or one query row of ``S`` (``seqlen_k``),
-            exceeds ``limit``: no split helps.
+            exceeds ``limit``: no split helps; a causal call needs a split over query rows;
+            ``heads_kv`` does not divide ``heads``.
     """
+    hkv = heads if heads_kv is None else heads_kv
+    if heads > 0 and (hkv < 1 or heads % hkv):
+        raise ValueError(f"heads_kv={heads_kv} must divide heads={heads}")
     if min(batch, heads, seqlen_q, seqlen_k, head_dim) <= 0:
         return []
+    group = heads // hkv
     kv_head = seqlen_k * head_dim
     row = max(head_dim, seqlen_k if score_workspace else 0)  # elements per query row, per tensor
     if kv_head > limit or row > limit:
@@ -73,25 +101,46 @@ def plan_chunks(
             f"one head's keys hold {kv_head} elements (seqlen_k {seqlen_k} x head_dim {head_dim}); the kernels "
             f"use 32-bit offsets and keys cannot be split across launches (at most {limit})"
         )
-    per_head = max(seqlen_q * row, kv_head)
-    per_batch = heads * per_head
+    q_head = seqlen_q * row  # one query head's Q/O (and S)
+    per_batch = max(heads * q_head, hkv * kv_head)
     if per_batch <= limit:
         step = limit // per_batch
-        return [Chunk((b, min(b + step, batch)), (0, heads), (0, seqlen_q)) for b in range(0, batch, step)]
-    if per_head <= limit:
-        step = limit // per_head
+        kv = _kv(0, hkv, group)
+        return [Chunk((b, min(b + step, batch)), (0, heads), (0, seqlen_q), kv) for b in range(0, batch, step)]
+    per_group = max(group * q_head, kv_head)
+    if per_group <= limit:  # whole groups of query heads with their K/V heads
+        step = limit // per_group
         return [
-            Chunk((b, b + 1), (h, min(h + step, heads)), (0, seqlen_q))
+            Chunk((b, b + 1), (g * group, min(g + step, hkv) * group), (0, seqlen_q), _kv(g, min(g + step, hkv), group))
             for b in range(batch)
-            for h in range(0, heads, step)
+            for g in range(0, hkv, step)
         ]
+    if q_head <= limit:  # one group's queries are too many: part of one group, its one K/V head
+        step = limit // q_head
+        return [
+            Chunk((b, b + 1), (h, min(h + step, (g + 1) * group)), (0, seqlen_q), _kv(g, g + 1, group))
+            for b in range(batch)
+            for g in range(hkv)
+            for h in range(g * group, (g + 1) * group, step)
+        ]
+    if causal:
+        raise ValueError(
+            f"one head's queries hold {q_head} elements (seqlen_q {seqlen_q} x {row}), more than one launch takes "
+            f"(at most {limit}); a causal call cannot be split over query rows (the kernels anchor the diagonal "
+            "at a launch's first row)"
+        )
     step = limit // row
     return [
-        Chunk((b, b + 1), (h, h + 1), (r, min(r + step, seqlen_q)))
+        Chunk((b, b + 1), (h, h + 1), (r, min(r + step, seqlen_q)), _kv(h // group, h // group + 1, group))
         for b in range(batch)
         for h in range(heads)
         for r in range(0, seqlen_q, step)
     ]
+
+
+def _kv(start: int, stop: int, group: int) -> tuple | None:
+    """A chunk's ``kv_heads``: ``None`` when it equals the query heads (no grouped-query attention)."""
+    return None if group == 1 else (start, stop)
 
 
 # cuTensorMapEncodeTiled's limits (CUDA Driver API reference; PTX ISA "Tensor-map").

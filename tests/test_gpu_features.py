@@ -1,0 +1,226 @@
+"""GPU correctness of the top rung's compile-time variants (issue 8): causal masking, grouped-query
+attention and the log-sum-exp output, alone and combined, against float64 (needs a Hopper GPU).
+
+Each check draws fresh inputs, poisons O and the LSE with NaN, and compares O by relative L2 error (bf16
+tolerance 1e-2) and the LSE elementwise (fp32 output; tolerance below).
+"""
+
+import math
+
+import pytest
+import torch
+from test_gpu import OFFSET_CASES, TOL, make_inputs
+
+from attnclimb import rungs
+from attnclimb.reference import attention_exact, far_offset_inputs, lse_exact, rel_l2
+from attnclimb.runtime.launch import feature_variant, run_rung
+
+pytestmark = pytest.mark.gpu
+TOP = rungs.TOP
+
+
+def run_features(q, k, v, scale=None, causal=False, with_lse=False):
+    """Run the top rung with the requested features into NaN-poisoned outputs; return (o, lse or None)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32) if with_lse else None
+    run_rung(TOP, q, k, v, o, scale, causal=causal, lse=lse)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} output elements unwritten or NaN"
+    if lse is not None:
+        assert not torch.isnan(lse).any(), f"{int(torch.isnan(lse).sum())} LSE elements unwritten or NaN"
+    return o, lse
+
+
+def check_lse(lse, ref, scores_bound):
+    """fp32 LSE against float64: the scores are fp32 sums of 128 products (rel. error ~128·2^-24 of
+    sum |q·k|), so the tolerance scales with ``scores_bound`` (an upper bound of |scale·s| per row)."""
+    tol = 1e-4 + 4e-5 * scores_bound  # a (B, H, Sq) tensor like lse
+    assert (torch.isfinite(lse) == torch.isfinite(ref)).all(), "LSE finite where the exact one is not, or back"
+    finite = torch.isfinite(ref)
+    err = (lse.double() - ref).abs()[finite]
+    assert (err <= tol[finite]).all(), f"max LSE error {err.max().item():.3e}"
+
+
+def _bound(q, k, scale):
+    """Per-row bound of |scale · q·k| over the keys, (B, H, Sq): |scale| · |q|_1-ish via max |q|·|k| sums."""
+    kk = k.float().abs().amax(dim=2, keepdim=True)  # (B, Hkv, 1, D)
+    kk = kk.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return abs(scale) * (q.float().abs() * kk).sum(-1).double()
+
+
+CAUSAL_SHAPES = [
+    (1, 2, 1, 1),
+    (1, 2, 1, 1000),  # Sq = 1 < Sk: the one row sees key 0 only
+    (1, 2, 128, 128),
+    (2, 3, 1000, 1000),
+    (1, 2, 1000, 129),  # Sq > Sk: rows past Sk see every key
+    (1, 2, 129, 1000),  # Sq < Sk: keys past Sq are never seen
+    (1, 2, 4096, 4096),
+    (3, 40, 700, 700),  # more work tiles than SMs: the heaviest-first (snake) order and the persistent loop
+    (1, 1, 177, 353),
+    # K and V of all heads above CAUSAL_L2_BYTES (32 MiB): the head-by-head order in heavy/light pairs, with an
+    # odd number of m-blocks per head (71), so that pairs straddle two heads
+    (1, 8, 9000, 9000),
+]
+
+
+@pytest.mark.parametrize("shape", CAUSAL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_causal_matches_float64(shape):
+    q, k, v = make_inputs(*shape)
+    o, _ = run_features(q, k, v, causal=True)
+    err = rel_l2(o, attention_exact(q, k, v, causal=True))
+    assert err <= TOL, f"causal {shape}: rel L2 {err:.3e}"
+
+
+@pytest.mark.parametrize("heads_kv", [1, 2, 4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_matches_float64(heads_kv, causal):
+    b, h, sq, sk = 2, 8, 600, 900
+    q, _, _ = make_inputs(b, h, sq, sk)
+    _, k, v = make_inputs(b, heads_kv, sq, sk)
+    o, _ = run_features(q, k, v, causal=causal)
+    err = rel_l2(o, attention_exact(q, k, v, causal=causal))
+    assert err <= TOL, f"GQA {h}/{heads_kv} causal={causal}: rel L2 {err:.3e}"
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 1, 1), (2, 3, 1000, 1000), (1, 2, 129, 4096), (1, 2, 300, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [None, 1.0, -0.3])
+def test_lse_matches_float64(shape, causal, scale):
+    q, k, v = make_inputs(*shape, kind="logits_x30")
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+    check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
+
+
+@pytest.mark.parametrize("case", list(OFFSET_CASES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_features_far_offset_logits(case, causal):
+    """Issue 6's hostile inputs through the causal and LSE variants: O within the bf16 tolerance, the LSE
+    within fp32's (relative to the scores' size), whatever the magnitude."""
+    scale = 1.0
+    p_of, ties = OFFSET_CASES[case]
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = far_offset_inputs(1, 256, 1024, p_of(scale), scale, ties=ties, generator=g, device="cuda")
+    o, lse = run_features(q, k, v, scale=scale, causal=causal, with_lse=True)
+    err = rel_l2(o, attention_exact(q, k, v, scale, causal=causal))
+    assert err <= TOL, f"{case} causal={causal}: rel L2 {err:.3e}"
+    check_lse(lse, lse_exact(q, k, scale, causal=causal), _bound(q, k, scale))
+
+
+def test_causal_gqa_lse_combined():
+    q, _, _ = make_inputs(2, 8, 1100, 1100, kind="heavy_tail")
+    _, k, v = make_inputs(2, 2, 1100, 1100)
+    o, lse = run_features(q, k, v, causal=True, with_lse=True)
+    sc = 1.0 / math.sqrt(128)
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=True)) <= TOL
+    check_lse(lse, lse_exact(q, k, sc, causal=True), _bound(q, k, sc))
+
+
+def test_plain_variant_is_the_rung_itself():
+    """All features off is the top rung as benchmarked, not a recompiled copy."""
+    assert feature_variant(TOP, False, False, False) is TOP
+
+
+def _bshd(b, h, s, g):
+    """A (B, H, S, 128) view of a (B, S, H, 128)-contiguous bf16 buffer (what diffusers and flash-attn pass)."""
+    return torch.randn(b, s, h, 128, generator=g, device="cuda").to(torch.bfloat16).transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_kv", [4, 1])
+def test_strided_bshd_views_in_place(causal, heads_kv):
+    """Issue 9's zero-copy path: BSHD views of Q, K, V read through 4-D tensor maps and O written into a
+    BSHD view through its strides; the buffer around O is untouched."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, h, sq, sk = 2, 4, 777, 1000
+    q, k, v = _bshd(b, h, sq, g), _bshd(b, heads_kv, sk, g), _bshd(b, heads_kv, sk, g)
+    o_buf = torch.full((b, sq, h + 1, 128), float("nan"), device="cuda", dtype=torch.bfloat16)  # a spare head
+    o = o_buf[:, :, :h].transpose(1, 2)
+    sc = 1 / math.sqrt(128)
+    run_rung(TOP, q, k, v, o, sc, causal=causal)
+    torch.cuda.synchronize()
+    assert not q.is_contiguous() and not o.is_contiguous()
+    assert torch.isnan(o_buf[:, :, h]).all(), "the kernel wrote outside O's view"
+    assert not torch.isnan(o).any()
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+
+
+def test_strided_fused_qkv_slices():
+    """Q, K, V as thirds of one fused (B, S, 3, H, 128) projection buffer: row stride 3·H·128."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    b, s, h = 2, 600, 4
+    qkv = torch.randn(b, s, 3, h, 128, generator=g, device="cuda").to(torch.bfloat16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    o = torch.full((b, h, s, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_rung(TOP, q, k, v, o, 1 / math.sqrt(128))
+    torch.cuda.synchronize()
+    assert rel_l2(o, attention_exact(q, k, v)) <= TOL
+
+
+def test_strided_refuses_what_tma_cannot_read():
+    q = torch.zeros(1, 2, 64, 130, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 260 bytes
+    o = torch.empty(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="TMA"):
+        run_rung(TOP, q, q, q, o, 1.0)
+
+
+def _randn_bf16(*shape, g):
+    return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1), (2, 40, 300, 300)])
+def test_head_dims_match_float64(head_dim, causal, shape):
+    """Issue 8: head_dim 64 and 256 (the rung's `head_dims` variants: 1 and 4 panels per row, P·V as
+    m64n64k16 / m64n256k16), with the LSE, against float64."""
+    g = torch.Generator(device="cuda").manual_seed(head_dim + causal)
+    b, h, sq, sk = shape
+    q, k, v = (
+        _randn_bf16(b, h, sq, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+    )
+    sc = 1 / math.sqrt(head_dim)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+    check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
+
+
+def test_head_dims_on_recycled_memory():
+    """The tensor-map cache keys on head_dim: Q, K, V of head_dim 64 and 256 laid in the very memory of
+    earlier head_dim 128 ones with the same (batch·heads, seqlen) must not get their maps (a stale map
+    reads every head but the first from the wrong rows; O can still pass when seqlen_k = 1, the LSE cannot).
+    Found on the H200 by test_head_dims_match_float64 at (1, 2, 1, 1) once the allocator recycled a block."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, h, sq, sk = 1, 3, 1, 1
+    buf = torch.empty(3, b * h * 256 * max(sq, sk) + 64, device="cuda", dtype=torch.bfloat16)
+    for head_dim in (128, 64, 256, 128, 64):
+        q, k, v = (buf[i, : b * h * n * head_dim].view(b, h, n, head_dim) for i, n in enumerate((sq, sk, sk)))
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g, device="cuda"))
+        sc = 1 / math.sqrt(head_dim)
+        o, lse = run_features(q, k, v, scale=sc, with_lse=True)
+        assert rel_l2(o, attention_exact(q, k, v, sc)) <= TOL, head_dim
+        check_lse(lse, lse_exact(q, k, sc), _bound(q, k, sc))
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_head_dims_strided_gqa(head_dim):
+    g = torch.Generator(device="cuda").manual_seed(3 * head_dim)
+    b, h, hkv, s = 2, 8, 2, 500
+    q = _randn_bf16(b, s, h, head_dim, g=g).transpose(1, 2)
+    k, v = (_randn_bf16(b, s, hkv, head_dim, g=g).transpose(1, 2) for _ in range(2))
+    o = torch.full((b, h, s, head_dim), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_rung(TOP, q, k, v, o, 1 / math.sqrt(head_dim), causal=True)
+    torch.cuda.synchronize()
+    assert rel_l2(o, attention_exact(q, k, v, 1 / math.sqrt(head_dim), causal=True)) <= TOL
+
+
+def test_unsupported_head_dim_is_refused():
+    q = torch.zeros(1, 1, 64, 96, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        run_rung(TOP, q, q, q, torch.empty_like(q), 1.0)

@@ -1,0 +1,57 @@
+"""scripts/make_variants.py: the A/B variants of the top rung are generated from its current source, so a
+change to the rung that the generator no longer recognises fails here (not on the GPU), and each variant
+compiles for sm_90a without spills."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from attnclimb import rungs
+from attnclimb.runtime.compiler import compile_source
+from attnclimb.runtime.sass import find_cuobjdump, sass
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("make_variants", ROOT / "scripts" / "make_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variants_are_generated_and_differ_as_named(tmp_path):
+    _load().main(str(tmp_path))
+    top = rungs.TOP.source.read_text()
+    nopp = (tmp_path / "nopp" / rungs.TOP.source.name).read_text()
+    desc = (tmp_path / "desc" / rungs.TOP.source.name).read_text()
+    assert "named_bar_sync" in top and "named_bar_sync" not in nopp and "named_bar_arrive" not in nopp
+    assert "gemm_qk_async_d" in desc and "gemm_pv_async_d" in desc and "gemm_qk_async<" not in desc
+    assert (tmp_path / "desc" / "wgmma_attn_desc.cuh").exists()
+    sleep = (tmp_path / "sleep" / rungs.TOP.source.name).read_text()
+    sleepall = (tmp_path / "sleepall" / rungs.TOP.source.name).read_text()
+    assert sleep.count("mbar_wait_sleep(&bar_") == 3 and "hop::mbar_wait(&bar_k[slot]" in sleep  # producer only
+    assert "hop::mbar_wait(" not in sleepall and sleepall.count("mbar_wait_sleep(") == top.count("hop::mbar_wait(")
+
+
+def test_generator_refuses_a_source_it_does_not_recognise():
+    mod = _load()
+    with pytest.raises(SystemExit, match="make_variants"):
+        mod.nopp("// a kernel without turns\n")
+
+
+@pytest.mark.parametrize("name", ["nopp", "desc", "nopp_desc", "sleep", "sleepall"])
+def test_variants_compile_without_spills(tmp_path, name):
+    _load().main(str(tmp_path))
+    d = tmp_path / name
+    src = (d / rungs.TOP.source.name).read_text()
+    for h in d.glob("*.cuh"):  # the variant's own header, inlined (its own includes resolve in the kernels)
+        body = h.read_text().replace("#pragma once\n", "")
+        src = src.replace(f'#include "{h.name}"', body)
+    c = compile_source(rungs.TOP, src)
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    if find_cuobjdump() is not None:
+        assert re.search(r"\bHGMMA\b", sass(c.cubin))
