@@ -677,6 +677,13 @@ def test_tensor_map_cache_keys_on_dtype(monkeypatch):
     views = (bf.transpose(1, 2).transpose(1, 2), half.transpose(1, 2).transpose(1, 2))
     t_bf, t_half = (launch._tensor_map_4d(t, 128, 0) for t in views)
     assert t_bf[-1] is False and t_half[-1] is True
+    # and run_rung's variant: fp16 inputs compile the top rung with FP16=1, bf16 ones run the rung itself
+    top = rungs.TOP
+    assert launch._checked_variant(top, bf, bf, bf, bf.clone(), False, None) == (top, False)
+    v16, strided = launch._checked_variant(top, half, half, half, half.clone(), False, None)
+    assert v16.defines()["FP16"] == 1 and not strided
+    with pytest.raises(ValueError, match="fp16"):
+        launch._checked_variant(rungs.get(11), half, half, half, half.clone(), False, None)
 
 
 def _recording_launch(monkeypatch, rung):
