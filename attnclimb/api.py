@@ -67,11 +67,11 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     """Exact scaled dot-product attention, ``softmax(scale · Q Kᵀ) V``, on a Hopper GPU.
 
     Args:
-        q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor.
+        q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor (or fp16 on the top rung: its FP16 variant).
         k: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor, same device and batch as ``q``;
             ``heads_kv`` is ``heads``, or a divisor of it for grouped-query attention (query head ``h``
             reads K/V head ``h // (heads // heads_kv)``; top rung only).
-        v: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor.
+        v: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor. ``q``, ``k``, ``v`` share one dtype.
         scale: softmax scale (natural-log units); default ``1/sqrt(head_dim)`` as in
             ``torch.nn.functional.scaled_dot_product_attention``.
         rung: which kernel of the ladder to run (``0`` … top); ``None`` picks the top (fastest) rung.
@@ -101,12 +101,12 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     :class:`attnclimb.runtime.CompileError` if the installed NVRTC rejects a kernel.
 
     Returns:
-        ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device; with
+        ``O``: ``(batch, heads, seqlen_q, head_dim)`` of ``q``'s dtype, contiguous, on ``q``'s device; with
         ``return_lse`` the pair ``(O, LSE)``, ``LSE`` ``(batch, heads, seqlen_q)`` fp32, contiguous.
 
     Raises:
-        TypeError: an input is not a tensor or not bf16; ``scale``/``rung``/``is_causal``/``return_lse`` of
-            the wrong type.
+        TypeError: an input is not a tensor or not bf16 (fp16 too on the top rung), or the dtypes differ;
+            ``scale``/``rung``/``is_causal``/``return_lse`` of the wrong type.
         ValueError: a sparse or nested tensor, or a tensor subclass; wrong rank, head_dim, device or GPU
             (not Hopper); mismatched batch/heads/seqlen_k; ``is_causal``, fewer K/V heads or
             ``return_lse`` on a rung without that variant (all but the top rung); one head's K/V (causal:

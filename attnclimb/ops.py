@@ -107,10 +107,10 @@ _NULL_GUARD = _NullGuard()
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False) -> Tensor:
     """``softmax(scale · q kᵀ) v`` on rung ``rung`` of the ladder (no mask, no dropout).
 
-    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H_kv, Sk, 128)`` bf16 CUDA tensors on a Hopper GPU, any
-    strides (``H_kv`` a divisor of ``H``: grouped-query attention); ``scale`` in natural-log units;
-    ``is_causal``: torch's top-left-aligned causal mask. Returns a new contiguous ``(B, H, Sq, 128)`` bf16
-    tensor. It does not validate: call it through :func:`attnclimb.attention` or
+    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H_kv, Sk, 128)`` bf16 (top rung: or fp16) CUDA tensors on a
+    Hopper GPU, any strides (``H_kv`` a divisor of ``H``: grouped-query attention); ``scale`` in natural-log
+    units; ``is_causal``: torch's top-left-aligned causal mask. Returns a new contiguous ``(B, H, Sq, 128)``
+    tensor of ``q``'s dtype. It does not validate: call it through :func:`attnclimb.attention` or
     :func:`attnclimb.scaled_dot_product_attention`, which check the inputs (and the rung's variants) first.
     """
     return forward(q, k, v, scale, rung, is_causal)

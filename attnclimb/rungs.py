@@ -41,7 +41,8 @@ class Rung:
             ``num_m_blocks * batch * heads`` work tiles, which the kernel receives as a last argument
             ``num_tiles`` (``docs/kernel-abi.md``); otherwise one CTA per work tile.
         features: the compile-time variants the kernel has (issues 8 and 9): ``"causal"``, ``"gqa"``,
-            ``"lse"``, ``"strided"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``); such a kernel takes
+            ``"lse"``, ``"strided"``, ``"fp16"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``, ``FP16``:
+            fp16 Q, K, V and O instead of bf16); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
             (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
@@ -334,7 +335,7 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=176,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
         persistent=True,
-        features=("causal", "gqa", "lse", "strided"),
+        features=("causal", "gqa", "lse", "strided", "fp16"),
         # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
         # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
         head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},

@@ -92,7 +92,8 @@ def scaled_dot_product_attention(
             ``1/sqrt(E)`` and is in natural-log units (``softmax(scale · Q Kᵀ)``).
         strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
 
-    The kernels take bf16 CUDA tensors on a Hopper GPU (compute capability 9.0) with ``E = Ev = 128``,
+    The kernels take bf16 or fp16 CUDA tensors (one dtype for all three; fp16 is the top rung's FP16 variant)
+    on a Hopper GPU (compute capability 9.0) with ``E = Ev = 128``,
     no mask and ``dropout_p == 0``; ``is_causal=True`` and ``enable_gqa=True`` with K/V heads dividing
     Q's run the top rung's causal and grouped-query variants; any strides (what they cannot read in
     place is copied first), any sizes including 0 (an empty output, or zeros when ``Sk == 0``, as torch

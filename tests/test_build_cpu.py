@@ -234,15 +234,70 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
-    """CAUSAL=GQA=WRITE_LSE=STRIDED=0 spelled out compiles to the very machine code of the plain top rung (what the
-    bench measures): the variants cost the default call nothing."""
+    """CAUSAL=GQA=WRITE_LSE=STRIDED=FP16=0 spelled out compiles to the very machine code of the plain top rung
+    (what the bench measures): the variants cost the default call nothing."""
     import dataclasses
 
     off = dataclasses.replace(
-        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0}
+        rungs.TOP,
+        extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0, "FP16": 0},
     )
 
     assert sass_digest(compile_rung(off, "sm_90a").cubin) == sass_digest(compiled[rungs.TOP.key].cubin)
+
+
+# The FP16 variant (fp16 Q, K, V, O) with each feature alone, all of them, the short causal tiles and both
+# other head dims: (causal, gqa, lse, strided, head_dim, seqlen_k)
+FP16_CASES = [
+    (0, 0, 0, 0, 128, None),
+    (1, 0, 0, 0, 128, None),
+    (0, 1, 0, 0, 128, None),
+    (0, 0, 1, 0, 128, None),
+    (0, 0, 0, 1, 128, None),
+    (1, 1, 1, 1, 128, None),
+    (1, 1, 1, 1, 128, 1),
+    (1, 1, 1, 1, 64, None),
+    (1, 1, 1, 1, 256, None),
+    (0, 0, 0, 0, 256, None),
+]
+
+
+def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k):
+    from attnclimb.runtime.launch import feature_variant
+
+    return feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, True)
+
+
+@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: "fp16-" + "".join(map(str, c[:4])) + f"-d{c[4]}-k{c[5]}")
+def test_top_rung_fp16_variants_compile(case):
+    """The FP16 variants build for sm_90a without spills or local memory, within the setmaxnreg pool, and run
+    both wgmmas on fp16 operands (SASS HGMMA without the .BF16 type of the bf16 build) with P packed by
+    F2FP.F16 (cvt.rn.f16x2.f32), never by the bf16 pack."""
+    r = _fp16_variant(*case)
+    assert r.defines()["FP16"] == 1 and r.head_dim == case[4]
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert res.registers == launch_regs(r.threads)
+        assert r.smem_bytes + res.static_smem <= 227 * 1024
+    if find_cuobjdump() is not None:
+        text = sass(c.cubin)
+        assert not re.search(r"\b(LDL|STL)\b", text)
+        for mnemonic in rungs.TOP.sass_required:
+            assert re.search(rf"\b{mnemonic}\b", text)
+        hgmma = re.findall(r"HGMMA\.64x\d+x16\.F32\S*", text)
+        assert hgmma and all(h.endswith(".F32") for h in hgmma), sorted(set(hgmma))  # fp16 A and B
+        assert "F2FP.F16.F32.PACK_AB" in text and "F2FP.BF16" not in text
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_bf16_top_rung_wgmmas_are_bf16(compiled):
+    """The converse of the FP16 check above: the bf16 top rung's HGMMAs all carry .BF16 (so that the check can
+    tell them apart) and it packs P with F2FP.BF16."""
+    text = sass(compiled[rungs.TOP.key].cubin)
+    hgmma = re.findall(r"HGMMA\.64x\d+x16\.F32\S*", text)
+    assert hgmma and all(h.endswith(".BF16") for h in hgmma)
+    assert "F2FP.BF16.F32.PACK_AB" in text and "F2FP.F16" not in text
 
 
 def test_feature_variant_refuses_missing_features():
@@ -259,6 +314,11 @@ def test_feature_variant_refuses_missing_features():
     assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
     with pytest.raises(ValueError, match="causal"):
         feature_variant(rungs.get(11), True, False, False)
+    with pytest.raises(ValueError, match="fp16"):  # the lower rungs stay bf16-only
+        feature_variant(rungs.get(11), False, False, False, fp16=True)
+    fp16 = feature_variant(rungs.TOP, False, False, False, fp16=True)
+    assert fp16 is feature_variant(rungs.TOP, False, False, False, fp16=True) and fp16.defines()["FP16"] == 1
+    assert "FP16" not in feature_variant(rungs.TOP, True, False, False).defines()  # bf16 keys stay as they were
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])
@@ -288,6 +348,8 @@ def _overlap_cases():
     cases.append(("top-causal-gqa-strided", feature_variant(top, True, True, True, True)))
     cases.append(("top-causal-short", feature_variant(top, True, False, False, seqlen_k=1)))
     cases += [(f"top-hd{d}", feature_variant(top, False, False, False, head_dim=d)) for d in top.head_dims]
+    cases.append(("top-fp16", feature_variant(top, False, False, False, fp16=True)))
+    cases.append(("top-fp16-causal-gqa-lse-strided", feature_variant(top, True, True, True, True, fp16=True)))
     return cases
 
 
