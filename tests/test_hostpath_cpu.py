@@ -62,7 +62,8 @@ def gpu(monkeypatch):
 def test_repeated_call_skips_the_checks_and_the_planning(gpu):
     q, k, v = _t(1, 2, 64, 128), _t(1, 2, 64, 128, seed=1), _t(1, 2, 64, 128, seed=2)
     o1 = attnclimb.scaled_dot_product_attention(q, k, v)
-    assert (gpu["checks"], gpu["plans"], len(gpu["launches"]), len(ops._FAST)) == (1, 1, 1, 1)
+    assert (gpu["checks"], gpu["plans"], len(gpu["launches"])) == (1, 1, 1)
+    assert sorted(key[0] for key in ops._FAST) == ["forward", "sdpa"]  # the op's body remembers its own
     o2 = attnclimb.scaled_dot_product_attention(q, k, v)
     o3 = attnclimb.scaled_dot_product_attention(q, k, v)
     assert (gpu["checks"], gpu["plans"], len(gpu["launches"])) == (1, 1, 3)
@@ -70,6 +71,16 @@ def test_repeated_call_skips_the_checks_and_the_planning(gpu):
     assert o2.data_ptr() != o3.data_ptr()  # each call its own O
     (p1, *rest1), (p2, *rest2) = gpu["launches"][1:]
     assert p1 == p2 and rest1 == rest2  # one packed plan, same stream, grid, block, smem
+
+
+def test_the_operators_body_remembers_its_calls(gpu):
+    """ops.forward (what torch.ops.attnclimb.attention_fwd and the autograd path run) plans once per key."""
+    q = _t(1, 2, 64, 128)
+    outs = [ops.forward(q, q, q, 0.25, rungs.TOP.number, True, True) for _ in range(3)]
+    assert gpu["plans"] == 1 and len(gpu["launches"]) == 3 and [k[0] for k in ops._FAST] == ["forward"]
+    assert all(o.shape == (1, 2, 64, 128) and lse.shape == (1, 2, 64) for o, lse in outs)
+    ops.forward(q, q, q, 0.5, rungs.TOP.number, True, True)
+    assert gpu["plans"] == 2
 
 
 @pytest.mark.parametrize(
@@ -138,7 +149,7 @@ def test_copies_and_other_devices_take_the_full_path(gpu, monkeypatch):
     attnclimb.scaled_dot_product_attention(q, q, v)
     assert gpu["checks"] == 2 and not ops._FAST  # a call with a copy is not remembered
     attnclimb.scaled_dot_product_attention(q, q, q)
-    (key,) = ops._FAST
+    (key,) = (key for key in ops._FAST if key[0] == "sdpa")
     assert ops.fast_call(key, q, q, q) is not None
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
     assert ops.fast_call(key, q, q, q) is None  # current device 1, call planned on 0
@@ -227,7 +238,7 @@ def test_packed_parameters_match_the_kernel_signature(gpu, number, lse):
         assert (got["heads_q"], got["kv_group"]) == (h, 1)
         assert (got["o_stride_b"], got["o_stride_h"], got["o_stride_s"]) == o.stride()[:3]
     params, stream, grid, block, smem, extra, func = gpu["launches"][-1]
-    assert params == plan.packed.params and stream == 0 and extra == 0
+    assert params == plan.packed.params and int(stream) == 0 and extra == 0
     assert grid == tuple(plan.config.grid) and block == tuple(plan.config.block) == (rung.threads, 1, 1)
     assert smem == plan.config.shmem_size == plan.lr.smem_bytes
     assert int(func) == plan.lr.kernels["attn_fwd"].handle
@@ -262,6 +273,25 @@ def test_packed_launch_takes_each_calls_pointers_under_threads(gpu):
     packed._driver_launch = lambda *a: (700,)  # CUDA_ERROR_ILLEGAL_ADDRESS
     with pytest.raises(RuntimeError, match="cuLaunchKernel failed"):
         plan.packed.launch(0, 1 << 40, 0)
+
+
+def test_a_refused_packed_launch_falls_back_to_cuda_core(gpu, monkeypatch):
+    """If the installed binding refuses an argument (nothing launched), that launch and every later plan go
+    through cuda.core.launch, with one warning."""
+    monkeypatch.setattr(packed, "ENABLED", True)
+    old = []
+    launch._cuda_launch = lambda stream, config, kernel, *args: old.append(args)  # stubbed_gpu restores it
+
+    def refuse(*args):
+        raise TypeError("Argument 'hStream' is not instance of type (expected <class 'CUstream'>)")
+
+    packed._driver_launch = refuse
+    q = _t(1, 1, 64, 128)
+    o = torch.empty_like(q)
+    with pytest.warns(RuntimeWarning, match="refused a pre-packed launch"):
+        plan = launch.run_rung(rungs.TOP, q, q, q, o, 0.25)
+    assert plan.packed is None and len(old) == 1 and old[0][3] == o.data_ptr() and not packed.ENABLED
+    assert launch.run_rung(rungs.TOP, q, q, q, o, 0.5).packed is None and len(old) == 2
 
 
 def test_packed_launch_can_be_turned_off(monkeypatch):

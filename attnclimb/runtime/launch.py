@@ -428,10 +428,15 @@ def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
     torch's current stream, making the device's context current in this thread first (once per thread)."""
     lr = plan.lr
     _ensure_context(lr)
+    handle = current_stream_handle(dev)
     if plan.packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
-        plan.packed.launch(current_stream_handle(dev), o_ptr, lse_ptr)
-    else:
-        plan.launch(lr.stream_for_handle(current_stream_handle(dev)), o_ptr, lse_ptr)
+        try:
+            plan.packed.launch(handle, o_ptr, lse_ptr)
+            return
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
+            _packed.disable(exc)
+            plan.packed = None
+    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr)
 
 
 def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:

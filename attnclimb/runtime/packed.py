@@ -43,6 +43,40 @@ def _driver_launch(*args):
     return cuLaunchKernel(*args)
 
 
+_STREAMS: dict = {}  # raw stream handle -> cuda.bindings.driver.CUstream (the binding's own stream type)
+_streams_lock = threading.Lock()
+
+
+def _stream(handle: int):
+    """The ``CUstream`` of a raw ``cudaStream_t`` address, cached (a few per process: torch's streams). It
+    only holds the address; a recycled address is the same stream to the driver (as in
+    ``LoadedRung.stream_for_handle``)."""
+    from cuda.bindings.driver import CUstream
+
+    s = CUstream(handle)
+    with _streams_lock:
+        if len(_STREAMS) >= 16:
+            _STREAMS.pop(next(iter(_STREAMS)))
+        _STREAMS[handle] = s
+    return s
+
+
+def disable(exc: BaseException) -> None:
+    """Stop packing new plans (their launches go through ``cuda.core.launch``), with one warning: the
+    binding refused an argument of a packed launch (an installed cuda.bindings this was not written for)."""
+    global ENABLED
+    if ENABLED:
+        ENABLED = False
+        import warnings
+
+        warnings.warn(
+            f"attnclimb: cuda.bindings.driver.cuLaunchKernel refused a pre-packed launch ({exc!r}); "
+            "launching through cuda.core.launch from now on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 class Packed:
     """One kernel's launch with its parameters packed: grid, block, dynamic shared memory, the function
     handle and the ``kernelParams`` array (``params``, an address), with cells for O's and the LSE's
@@ -51,14 +85,20 @@ class Packed:
     __slots__ = ("_holder", "block", "func", "grid", "lock", "lse_cell", "o_cell", "params", "smem", "success")
 
     def launch(self, stream_handle: int, o_ptr: int, lse_ptr: int) -> None:
-        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr`` and the LSE at ``lse_ptr``."""
+        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr`` and the LSE at ``lse_ptr``.
+
+        ``RuntimeError`` when the driver reports an error; the binding's own ``TypeError`` (or similar) when
+        it refuses an argument, in which case nothing was launched."""
+        stream = _STREAMS.get(stream_handle)
+        if stream is None:
+            stream = _stream(stream_handle)
         gx, gy, gz = self.grid
         bx, by, bz = self.block
         with self.lock:
             self.o_cell.value = o_ptr
             if self.lse_cell is not None:
                 self.lse_cell.value = lse_ptr
-            res = _driver_launch(self.func, gx, gy, gz, bx, by, bz, self.smem, stream_handle, self.params, 0)
+            res = _driver_launch(self.func, gx, gy, gz, bx, by, bz, self.smem, stream, self.params, 0)
         err = res[0] if type(res) is tuple else res
         if err != self.success:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err!r}")
