@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ..rungs import Rung
+from . import packed as _packed
 from .compiler import compile_rung
 
 _lock = threading.Lock()
@@ -396,7 +397,7 @@ def _tensor_map_4d(t, box_rows: int, device_index: int):
     return tm
 
 
-def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None) -> None:
+def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None):
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
 
     ``causal`` applies torch's ``is_causal=True`` mask (top-left aligned); ``k``/``v`` may have fewer heads
@@ -420,19 +421,36 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     :func:`_plan_key` (rung, device, dtype, shapes, strides and addresses of Q, K, V, O's shape, strides and
     alignment, scale, causal, with or without LSE). A repeated call is that key, one dictionary lookup and
     the launch; a call that differs in any of them plans afresh (and raises as a fresh plan would).
+
+    Returns the :class:`_Plan` it launched (``None`` for rung 0, which is not planned); the drop-in layer
+    remembers it for a repeated call (``attnclimb.ops.fast_call``).
     """
     if rung.abi == "unfused":  # rung 0: a score workspace and three launches per call; not planned
         _run_unfused(rung, q, k, v, o, scale, causal, lse)
-        return
+        return None
     dev = q.device.index
     key = _plan_key(rung, dev, q, k, v, o, scale, causal, lse)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _remember_plan(key, _plan(rung, q, k, v, o, scale, bool(causal), lse))
+    launch_plan(plan, dev, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+    return plan
+
+
+def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
+    """Launch ``plan`` (on device ``dev``) with O and the LSE at ``o_ptr`` and ``lse_ptr`` (0 for none) on
+    torch's current stream, making the device's context current in this thread first (once per thread)."""
     lr = plan.lr
     _ensure_context(lr)
-    stream = lr.stream_for_handle(current_stream_handle(dev))
-    plan.launch(stream, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+    handle = current_stream_handle(dev)
+    if plan.packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
+        try:
+            plan.packed.launch(handle, o_ptr, lse_ptr)
+            return
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
+            _packed.disable(exc)
+            plan.packed = None
+    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr)
 
 
 def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
@@ -480,14 +498,19 @@ class _Plan:
     """One fused rung's launch with all but O's and the LSE's addresses and the stream fixed: the loaded
     (variant of the) rung, its ``attn_fwd`` kernel and launch configuration, and the kernel arguments before
     O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``; ``None`` for a
-    kernel without the top rung's extra arguments, which takes no LSE)."""
+    kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same launch with the
+    arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or ``None``
+    where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
 
-    __slots__ = ("config", "head", "kernel", "lr", "middle", "tail")
+    __slots__ = ("config", "head", "kernel", "lr", "middle", "packed", "tail")
 
     def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
         self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
+        o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
+        args = (*head, 0, *middle) if tail is None else (*head, 0, *middle, 0, *tail)
+        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse)
 
     def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
         """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
