@@ -343,6 +343,26 @@ RUNGS: tuple[Rung, ...] = (
         # (benchmarks/ab/ab-causal-tiles-h200.json)
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
+    # Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
+    # features, head_dims and causal tiles (the kernel source changes, not the launch).
+    Rung(
+        13,
+        "const_desc",
+        "wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
+        "tma",
+        block_m=128,
+        block_n=176,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=176,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+        persistent=True,
+        features=("causal", "gqa", "lse", "strided"),
+        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}
