@@ -43,7 +43,8 @@ class Rung:
         features: the compile-time variants the kernel has (issues 8 and 9): ``"causal"``, ``"gqa"``,
             ``"lse"``, ``"strided"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
-            (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
+            (``docs/kernel-abi.md``). Rungs 12 and 13 (the top rung) have them; the lower rungs are left as
+            they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
             variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
