@@ -1165,7 +1165,7 @@ def rung13_budget(path):
     )
     d = LOOP_SASS[12]["total"] - LOOP_SASS[13]["total"]
     ax_t.set_title(
-        f"Rung 13: {d} fewer instructions per K/V tile ({d / LOOP_SASS[12]['total']:.0%}), all of them address and "
+        f"Rung 13: {d} fewer instructions per K/V tile ({d / LOOP_SASS[12]['total']:.0%}), in the address and "
         "descriptor arithmetic",
         loc="left",
     )
