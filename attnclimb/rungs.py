@@ -44,7 +44,8 @@ class Rung:
             ``"lse"``, ``"strided"``, ``"fp16"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``, ``FP16``:
             fp16 Q, K, V and O instead of bf16); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
-            (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
+            (``docs/kernel-abi.md``). Rungs 12 and 13 (the top rung) have them; the lower rungs are left as
+            they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
             variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
@@ -342,6 +343,26 @@ RUNGS: tuple[Rung, ...] = (
         # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
         # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
         # (benchmarks/ab/ab-causal-tiles-h200.json)
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+    ),
+    # Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
+    # features, head_dims and causal tiles (the kernel source changes, not the launch).
+    Rung(
+        13,
+        "const_desc",
+        "wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
+        "tma",
+        block_m=128,
+        block_n=176,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=176,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+        persistent=True,
+        features=("causal", "gqa", "lse", "strided", "fp16"),
+        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
 )

@@ -369,3 +369,34 @@ def test_softmax_runs_under_the_pv_wgmma(case):
         assert "gsb0, 0x0" in lines[j]
         ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
         assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"
+
+
+_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)([^;]*);")
+
+
+def _steady_loop(text: str) -> list:
+    """The opcodes of the innermost loop around the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``): the
+    shortest backward branch that jumps over it."""
+    insns = [(int(m[1], 16), m[2], m[3]) for ln in text.splitlines() if (m := _INSN.match(ln))]
+    wait = next(a for a, op, rest in insns if op == "WARPGROUP" and "gsb0, 0x1" in rest)
+    spans = []
+    for a, op, rest in insns:
+        t = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if t and int(t[1], 16) < wait < a:
+            spans.append((a - int(t[1], 16), int(t[1], 16), a))
+    _, lo, hi = min(spans)
+    return [op for a, op, _ in insns if lo <= a <= hi]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung13_steady_loop_counts_match_its_figure(compiled):
+    """Rung 13's budget figure quotes the steady loop's SASS of rungs 12 and 13 (figures/late.py LOOP_SASS):
+    recounted here, so that a change of either kernel or of the compiler shows up as a stale figure."""
+    from collections import Counter
+
+    from attnclimb.figures.late import LOOP_SASS
+
+    for number, want in LOOP_SASS.items():
+        ops = _steady_loop(sass(compiled[rungs.get(number).key].cubin))
+        got = Counter(ops)
+        assert {k: got[k] for k in want if k != "total"} | {"total": len(ops)} == want, number
