@@ -225,8 +225,9 @@ def test_features_per_rung_come_from_the_rung(hopper):
     for r in rungs.RUNGS:
         f = support.FEATURES_BY_RUNG[r.number]
         assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
-        # fp16 is the top rung's FP16 variant; every other rung is bf16 only
-        assert f.dtypes == (support.BASE.dtypes | {torch.float16} if r is top else support.BASE.dtypes)
+        # fp16 is the FP16 variant of rungs 12 and 13 ("fp16" in their features); every other rung is bf16 only
+        assert f.dtypes == (support.BASE.dtypes | {torch.float16} if "fp16" in r.features else support.BASE.dtypes)
+        assert ("fp16" in r.features) == (r.number >= 12)
         assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
     _, (q, k, k1) = _fake_cuda((2, 8, 16, 128), (2, 2, 24, 128), (2, 1, 24, 128))
     low = support.FEATURES_BY_RUNG[10]
