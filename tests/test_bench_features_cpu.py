@@ -166,6 +166,23 @@ def test_rungs_without_the_variants_are_skipped_with_the_reason(rung):
         assert all(peers.make_peer(key).unsupported(s) is None for s in shapes.FEATURE_SHAPES.values())
 
 
+def test_feature_columns_time_the_top_rung_only():
+    """A rung below the top that has the variants (rung 12 under rung 13) computes the feature columns but
+    is not timed there by default (their compiles would double the bench); the main columns it runs."""
+    below = [r for r in rungs.RUNGS if r.features and r is not TOP]
+    assert below, "expected a rung below the top with the feature variants"
+    for r in below:
+        impl = peers.RungImpl(r)
+        for s in shapes.FEATURE_SHAPES.values():
+            assert impl.unsupported(s) is None
+            assert impl.skip_reason(s) == (
+                f"the feature columns time the top rung only (rung {TOP.number}; --no-limits times this one too)"
+            )
+        assert all(impl.skip_reason(s) is None for s in shapes.default_shapes(features=False))
+    top = peers.RungImpl(TOP)
+    assert all(top.skip_reason(s) is None for s in shapes.FEATURE_SHAPES.values())
+
+
 def test_unsupported_head_dim_reasons_follow_the_ladder(monkeypatch):
     """The reason names who has the variant, from the ladder: the top rung alone, several rungs, or none."""
     top, r11 = peers.RungImpl(TOP), peers.RungImpl(rungs.BY_NUMBER[11])
