@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
-# most per command; the machine stays warm 30 s after a call, so call 2 must follow call 1 at once):
-#   bash scripts/device_calls.sh verify     carry .peers/p1:  stage FA4 part 1, GPU suite,
-#                                           sanitizers (features, rungs 9-13), measured timelines 5-13
+# most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
+#   bash scripts/device_calls.sh verify     carry .peers/p1:  stage FA4 part 1, the whole GPU suite
+#   bash scripts/device_calls.sh sanitize   compute-sanitizer on the feature and fp16 variants and rungs 12-13,
+#                                           the measured timeline of rung 13 (5-12 are committed)
 #   bash scripts/device_calls.sh peers      carry .peers/p2:  install FA4, A/B of rung 13 against rung 12 and
 #                                           make_variants.py's variants of rung 13, with FA4 in the same run, ncu of
 #                                           rung 13 and FA4, the full bench
@@ -19,7 +20,10 @@ fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/p1/* /tmp/fa4/
-    bash scripts/device_job.sh info test all sanitize features sanitize "9 10 11 12 13" trace "5 6 7 8 9 10 11 12 13"
+    bash scripts/device_job.sh info test all
+    ;;
+  sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
+    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "12 13" trace "13"
     ;;
   peers)
     cp .peers/p2/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab > "$(cat WHEEL_NAME)" &&
