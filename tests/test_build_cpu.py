@@ -395,7 +395,12 @@ def test_rung13_steady_loop_counts_match_its_figure(compiled):
     from collections import Counter
 
     from attnclimb.figures.late import LOOP_SASS
+    from attnclimb.runtime.compiler import nvrtc_version
 
+    # the counts are those of NVRTC 13.0 (the device's toolchain and CI's oldest); another ptxas schedules
+    # the loop a little differently (CI's newest 13.x: +1 UIADD3, -2 ULEA, ...), so it is not compared there
+    if tuple(nvrtc_version()[:2]) != (13, 0):
+        pytest.skip(f"LOOP_SASS was counted with NVRTC 13.0, this is {nvrtc_version()}")
     for number, want in LOOP_SASS.items():
         ops = _steady_loop(sass(compiled[rungs.get(number).key].cubin))
         got = Counter(ops)
