@@ -21,6 +21,7 @@ import math
 import threading
 
 import torch
+import torch.autograd.forward_ad as _fwAD
 from torch import Tensor
 
 from . import rungs as _rungs
@@ -221,7 +222,8 @@ def _dispatch_mode_active() -> bool:
 def direct_call_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether :func:`call` may skip the operator's dispatch and run :func:`forward` directly: eager mode
     (not inside ``torch.compile`` tracing), plain tensors (not FakeTensors or other subclasses), no input
-    that needs a gradient, and no ``TorchDispatchMode`` active (which should see the operator)."""
+    that needs a gradient, no ``TorchDispatchMode`` active (which should see the operator) and no forward-mode
+    AD level open (whose tangents the direct path would drop)."""
     return (
         not torch.compiler.is_compiling()
         and type(q) is _PLAIN
@@ -229,6 +231,7 @@ def direct_call_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and type(v) is _PLAIN
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and not _dispatch_mode_active()
+        and _fwAD._current_level < 0  # forward-mode AD: the operator sees the dual tensors (and refuses them)
     )
 
 
@@ -296,6 +299,7 @@ def fast_key(q, k, v, entry: str, is_causal, scale, flag, with_lse: bool) -> tup
         or type(v) is not _PLAIN
         or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         or torch._C._len_torch_dispatch_stack()
+        or _fwAD._current_level >= 0
     ):
         return None
     try:

@@ -69,6 +69,22 @@ def reset_fallback_warnings() -> None:
         _warned.clear()
 
 
+def _autocast_reason(query) -> Unsupported | None:
+    """Under ``torch.autocast`` on CUDA with another dtype than the inputs', torch's SDPA would run in the
+    autocast dtype (it is on autocast's lower-precision list): the call falls back so that the result, and
+    its dtype, are torch's. Checked before the fast path, whose key does not hold the autocast state."""
+    if torch.is_autocast_enabled("cuda") and isinstance(query, torch.Tensor) and query.device.type == "cuda":
+        want = torch.get_autocast_dtype("cuda")
+        if want != query.dtype:
+            return Unsupported(
+                "autocast",
+                str(want),
+                f"torch.autocast to {want} is active and the inputs are {query.dtype}: torch's SDPA runs the call",
+                TypeError,
+            )
+    return None
+
+
 def scaled_dot_product_attention(
     query,
     key,
@@ -123,8 +139,10 @@ def scaled_dot_product_attention(
     torch's (``torch.nn.functional.scaled_dot_product_attention``).
     """
     fk = None
+    autocast = _autocast_reason(query)
     if (
-        attn_mask is None
+        autocast is None
+        and attn_mask is None
         and dropout_p == 0.0
         and type(is_causal) is bool
         and type(enable_gqa) is bool
@@ -135,7 +153,7 @@ def scaled_dot_product_attention(
             out = _ops.fast_call(fk, query, key, value)
             if out is not None:
                 return out
-    why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    why = autocast or unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if why is None:
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         return _ops.call(query, key, value, s, _TOP, bool(is_causal), False, fk)
@@ -170,8 +188,10 @@ def scaled_dot_product_attention_lse(
     no gradient.
     """
     fk = None
+    autocast = _autocast_reason(query)
     if (
-        attn_mask is None
+        autocast is None
+        and attn_mask is None
         and dropout_p == 0.0
         and type(is_causal) is bool
         and type(enable_gqa) is bool
@@ -182,7 +202,9 @@ def scaled_dot_product_attention_lse(
             out = _ops.fast_call(fk, query, key, value)
             if out is not None:
                 return out
-    why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse=True)
+    why = autocast or unsupported_reason(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse=True
+    )
     if why is None:
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         return _ops.call(query, key, value, s, _TOP, bool(is_causal), True, fk)

@@ -97,7 +97,8 @@ class Unsupported(NamedTuple):
     Attributes:
         key: the category: ``"type"``, ``"layout"``, ``"subclass"``, ``"attn_mask"``, ``"dropout"``,
             ``"is_causal"``, ``"rank"``, ``"dtype"``, ``"head_dim"``, ``"shape"``, ``"gqa"``, ``"scale"``,
-            ``"device"``, ``"gpu"`` or ``"size"`` (``docs/dropin.md`` has the table).
+            ``"device"``, ``"gpu"`` or ``"size"``; ``attnclimb.sdpa`` adds ``"autocast"`` (``docs/dropin.md`` has
+            the table).
         detail: the value that decided it (``"torch.float16"``, ``"64"``, ``"cpu"``, ...), or ``""``;
             one fallback warning is emitted per distinct ``(key, detail)``.
         message: one sentence for a person.

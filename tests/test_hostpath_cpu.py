@@ -94,7 +94,7 @@ def test_the_operators_body_remembers_its_calls(gpu):
         lambda q, k, v: ((q, k, v), {"enable_gqa": True}),
         lambda q, k, v: ((q, k, v), {"scale": 1}),  # an int scale: no key (True == 1 == 1.0)
         lambda q, k, v: ((q, k, v), {"is_causal": 0}),  # a non-bool flag: no key
-        lambda q, k, v: (tuple(t.to(torch.float16) for t in (q, k, v)), {}),  # dtype: falls back
+        lambda q, k, v: (tuple(t.to(torch.float16) for t in (q, k, v)), {}),  # dtype: the FP16 variant, another plan
         lambda q, k, v: ((q.clone().requires_grad_(), k, v), {}),  # autograd: the operator
         lambda q, k, v: ((torch.nn.Parameter(q.clone()), k, v), {}),  # a subclass
     ],
@@ -313,3 +313,42 @@ def test_prepack_refuses_what_it_cannot_pack():
         3,
         packed.LSE_MARK,
     ]
+
+
+def test_autocast_to_another_dtype_falls_back_to_torch(gpu, monkeypatch):
+    """Under torch.autocast on CUDA to another dtype than the inputs', torch's SDPA (on autocast's
+    lower-precision list) would compute in the autocast dtype: the drop-in falls back (reason "autocast"),
+    before the fast path too; autocast to the inputs' own dtype changes nothing."""
+    q = _t(1, 2, 64, 128)
+    seen = []
+    monkeypatch.setattr(sdpa, "_TORCH_SDPA", lambda *a, **kw: seen.append(a[0].dtype) or a[0].clone())
+    sdpa.reset_fallback_warnings()
+    attnclimb.scaled_dot_product_attention(q, q, q)  # remembered for the fast path
+    assert len(gpu["launches"]) == 1
+    on = {"value": torch.float16}
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: on["value"] is not None)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda *a: on["value"])
+    for fn in (attnclimb.scaled_dot_product_attention, sdpa.scaled_dot_product_attention_lse):
+        with pytest.warns(UserWarning, match="autocast"):
+            fn(q, q, q)
+        sdpa.reset_fallback_warnings()
+    assert len(gpu["launches"]) == 1 and seen == [BF16, BF16]
+    with pytest.raises(Exception, match="autocast"):
+        attnclimb.scaled_dot_product_attention(q, q, q, strict=True)
+    on["value"] = BF16  # autocast to the inputs' dtype: the kernel, via the remembered call
+    attnclimb.scaled_dot_product_attention(q, q, q)
+    assert len(gpu["launches"]) == 2
+
+
+def test_forward_ad_takes_the_operator(gpu):
+    """Inside a forward-mode AD level the direct path (and so the fast path) is off: the operator sees the
+    dual tensors instead of the kernel silently dropping their tangents."""
+    import torch.autograd.forward_ad as fwAD
+
+    q = _t(1, 2, 64, 128)
+    assert ops.direct_call_ok(q, q, q)
+    assert ops.fast_key(q, q, q, "sdpa", False, None, False, False) is not None
+    with fwAD.dual_level():
+        assert not ops.direct_call_ok(q, q, q)
+        assert ops.fast_key(q, q, q, "sdpa", False, None, False, False) is None
+    assert ops.direct_call_ok(q, q, q)

@@ -112,6 +112,10 @@ static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
 static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
               "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
+// wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
+// buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
+// stay below it, so base + (offset >> 4) never carries out of the field.
+static_assert(SMEM_BYTES + 2048 + 1024 <= (1u << 18), "descriptor start addresses must fit 14 bits of 16 B");
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle

@@ -443,9 +443,10 @@ def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
     lr = plan.lr
     _ensure_context(lr)
     handle = current_stream_handle(dev)
-    if plan.packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
+    packed = plan.packed  # read once: another thread may switch it off in between
+    if packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
         try:
-            plan.packed.launch(handle, o_ptr, lse_ptr)
+            packed.launch(handle, o_ptr, lse_ptr)
             return
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
             _packed.disable(exc)
