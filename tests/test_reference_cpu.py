@@ -340,11 +340,13 @@ def _fp16_rising_inputs(log2_mc, seed=0, seqlen_q=64, seqlen_k=1000, device="cpu
     return q, k, v, scale
 
 
-def _tile_shifts(q, k, scale, block_n=176):
+def _tile_shifts(q, k, scale, block_n=176, causal=False):
     """The model's online softmax over K/V tiles of ``block_n`` keys (the kernels' running max, alpha and k:
-    online_rescale_fp32 with the shift): (rows whose k changes between tiles, alpha < 1 rescales after the
-    first tile summed over the rows)."""
+    online_rescale_fp32 with the shift; ``causal``: top-left aligned): (rows whose k changes between tiles,
+    alpha < 1 rescales after the first tile summed over the rows)."""
     s = torch.matmul(q.cpu().double(), k.cpu().double().transpose(-1, -2)).float()  # exact on these inputs
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
     sc = torch.tensor(scale, dtype=F32)
     if sc < 0:
         s, sc = -s, -sc
