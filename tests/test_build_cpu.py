@@ -262,19 +262,31 @@ FP16_CASES = [
 ]
 
 
-def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k):
+FP16_RUNGS = [12, 13]  # the rungs that carry the FP16 variant (13 is rungs.TOP)
+
+
+def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
     from attnclimb.runtime.launch import feature_variant
 
-    return feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, True)
+    rung = rungs.TOP if number is None else rungs.get(number)
+    return feature_variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, fp16)
 
 
+def _shift_and_vote(text):
+    """The fp16-P shift's instructions in SASS (softmax.cuh, "fp16 P"): (FRND.CEIL count: k = ceil(e), per
+    row and tile and in the LSE epilogue; VOTE.ANY count: the warp-uniform slow-path branch, __any_sync)."""
+    return len(re.findall(r"\bFRND\.CEIL\b", text)), len(re.findall(r"\bVOTE\.ANY\b", text))
+
+
+@pytest.mark.parametrize("number", FP16_RUNGS)
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: "fp16-" + "".join(map(str, c[:4])) + f"-d{c[4]}-k{c[5]}")
-def test_top_rung_fp16_variants_compile(case):
-    """The FP16 variants build for sm_90a without spills or local memory, within the setmaxnreg pool, and run
-    both wgmmas on fp16 operands (SASS HGMMA without the .BF16 type of the bf16 build) with P packed by
-    F2FP.F16 (cvt.rn.f16x2.f32), never by the bf16 pack."""
-    r = _fp16_variant(*case)
-    assert r.defines()["FP16"] == 1 and r.head_dim == case[4]
+def test_top_rung_fp16_variants_compile(case, number):
+    """The FP16 variants of rungs 12 and 13 build for sm_90a without spills or local memory, within the
+    setmaxnreg pool, and run both wgmmas on fp16 operands (SASS HGMMA without the .BF16 type of the bf16
+    build) with P packed by F2FP.F16 (cvt.rn.f16x2.f32), never by the bf16 pack; the per-row shift of fp16 P
+    (FRND.CEIL) and its warp vote (VOTE.ANY) are there (their absence from the bf16 builds: below)."""
+    r = _fp16_variant(*case, number=number)
+    assert r.defines()["FP16"] == 1 and r.head_dim == case[4] and r.number == number
     c = compile_rung(r, "sm_90a")
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
@@ -283,11 +295,38 @@ def test_top_rung_fp16_variants_compile(case):
     if find_cuobjdump() is not None:
         text = sass(c.cubin)
         assert not re.search(r"\b(LDL|STL)\b", text)
-        for mnemonic in rungs.TOP.sass_required:
+        for mnemonic in rungs.get(number).sass_required:
             assert re.search(rf"\b{mnemonic}\b", text)
         hgmma = re.findall(r"HGMMA\.64x\d+x16\.F32\S*", text)
         assert hgmma and all(h.endswith(".F32") for h in hgmma), sorted(set(hgmma))  # fp16 A and B
         assert "F2FP.F16.F32.PACK_AB" in text and "F2FP.BF16" not in text
+        frnd, vote = _shift_and_vote(text)
+        assert frnd >= 1 and vote >= 1, (frnd, vote)
+
+
+# (causal, gqa, lse, strided): plain, the LSE alone, and all four features
+SHIFT_CASES = [(0, 0, 0, 0), (0, 0, 1, 0), (1, 1, 1, 1)]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("number", FP16_RUNGS)
+def test_fp16_shift_and_vote_are_the_fp16_variants_own(number):
+    """FRND.CEIL (k = ceil(e)) and VOTE.ANY (the __any_sync over k != 0) appear in the fp16 builds of rungs 12
+    and 13 and in no bf16 build of the same variant, so a kernel that drops the shift or the vote fails here
+    (the CPU model's tests show what the shift is for). With WRITE_LSE the epilogue's own k adds FRND.CEILs
+    (NVRTC 13.0: 4 → 6; the vote stays at 2), so an LSE without k fails too."""
+    counts = {}
+    for feats in SHIFT_CASES:
+        for fp16 in (False, True):
+            r = _fp16_variant(*feats, 128, None, number=number, fp16=fp16)
+            assert r.defines().get("FP16", 0) == int(fp16)
+            counts[feats, fp16] = _shift_and_vote(sass(compile_rung(r, "sm_90a").cubin))
+    for feats in SHIFT_CASES:
+        assert counts[feats, False] == (0, 0), (feats, counts[feats, False])  # bf16: no shift, no vote
+        frnd, vote = counts[feats, True]
+        assert frnd >= 2 and vote >= 1, (feats, counts[feats, True])
+    plain, lse = counts[(0, 0, 0, 0), True][0], counts[(0, 0, 1, 0), True][0]
+    assert lse > plain, counts  # the LSE epilogue's k = ceil(fma(m, mul, −R))
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")

@@ -19,12 +19,13 @@ pytestmark = pytest.mark.gpu
 TOP = rungs.TOP
 
 
-def run_features(q, k, v, scale=None, causal=False, with_lse=False):
-    """Run the top rung with the requested features into NaN-poisoned outputs; return (o, lse or None)."""
+def run_features(q, k, v, scale=None, causal=False, with_lse=False, rung=TOP):
+    """Run ``rung`` (the top rung unless given) with the requested features into NaN-poisoned outputs; return
+    (o, lse or None)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     o = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32) if with_lse else None
-    run_rung(TOP, q, k, v, o, scale, causal=causal, lse=lse)
+    run_rung(rung, q, k, v, o, scale, causal=causal, lse=lse)
     torch.cuda.synchronize()
     assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} output elements unwritten or NaN"
     if lse is not None:
@@ -374,3 +375,51 @@ def test_fp16_soft_row_edge(log2_mc, ties, causal):
         ref = lse_exact(q, k, sc)
         ulp = torch.exp2(torch.floor(torch.log2(ref.abs())) - 23)
         assert ((lse.double() - ref).abs() / ulp).max().item() < 0.75
+
+
+@pytest.mark.parametrize("log2_mc", [25, 27, 28, 29])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("number", [12, 13])
+def test_fp16_shift_changes_across_tiles(number, causal, log2_mc):
+    """Keys sorted ascending by K's last column (_fp16_rising_inputs, built on the CPU so that the checked
+    facts are those of these very inputs): the running max of hundreds of rows grows across K/V tiles and
+    their shift k changes between tiles, with alpha < 1 rescales (checked with the model for the variant's
+    tile width; the unsorted edge inputs above never change k). Rungs 12 and 13, plain and causal, with the
+    LSE, against float64: no zero row, O within fp16's tolerance, the LSE within the usual bound and, without
+    the mask, within 0.75 fp32 ulp (the CPU model: tests/test_reference_cpu.py)."""
+    from test_reference_cpu import _fp16_rising_inputs, _tile_shifts
+
+    rung = rungs.get(number)
+    q, k, v, sc = _fp16_rising_inputs(log2_mc, seed=log2_mc, seqlen_q=1000, seqlen_k=1000)
+    block_n = feature_variant(rung, causal, False, True, False, 128, k.shape[2], True).block_n
+    changed, rescales = _tile_shifts(q, k, sc, block_n, causal=causal)
+    assert changed >= 200 and rescales >= 500, (changed, rescales)  # k changes across tiles on many rows
+    q, k, v = (t.cuda() for t in (q, k, v))
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True, rung=rung)
+    assert bool((o.double().abs().amax(-1) > 0).all()), "a row came out all zero"
+    _check_f16(o, q, k, v, sc, causal, lse, tol=1e-3)
+    if not causal:
+        ref = lse_exact(q, k, sc)
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs())) - 23)
+        assert ((lse.double() - ref).abs() / ulp).max().item() < 0.75
+
+
+RUNG12_SHAPES = [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1), (3, 40, 700, 700)]
+
+
+@pytest.mark.parametrize(("causal", "with_lse"), [(False, False), (True, True)], ids=["plain", "causal-lse"])
+@pytest.mark.parametrize("shape", RUNG12_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp16_rung12_smoke(shape, causal, with_lse):
+    """Rung 12's FP16 variant (the top rung's is tested above): fp16 Q, K, V at rung=12 through the public
+    attnclimb.attention, plain and causal with the LSE, against float64; and run_rung on rungs.get(12) into
+    NaN-poisoned outputs."""
+    import attnclimb
+
+    b, h, sq, sk = shape
+    q, k, v = _f16_qkv(b, h, h, sq, sk, seed=12 + sq + causal)
+    sc = 1 / math.sqrt(128)
+    res = attnclimb.attention(q, k, v, rung=12, scale=sc, is_causal=causal, return_lse=with_lse)
+    o, lse = res if with_lse else (res, None)
+    _check_f16(o, q, k, v, sc, causal, lse)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=with_lse, rung=rungs.get(12))
+    _check_f16(o, q, k, v, sc, causal, lse)

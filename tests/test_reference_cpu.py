@@ -329,6 +329,81 @@ def test_online_rescale_fp32_shift_properties(m, dm, c):
             assert abs(alpha.item() - want) <= 1e-5 * max(want, 2.0**-100)
 
 
+def _fp16_rising_inputs(log2_mc, seed=0, seqlen_q=64, seqlen_k=1000, device="cpu"):
+    """_fp16_edge_inputs just above 2^log2_mc with the keys sorted ascending by K's last column (the same
+    permutation applied to K and V): rows whose Q ends in +1 or +2 then meet their scores in rising order, so
+    their running max grows tile after tile (alpha < 1) and with it the shift k changes between tiles, which
+    the unsorted inputs (each row's max in the first tile) never exercise."""
+    q, k, v, scale = _fp16_edge_inputs(log2_mc, "above", False, seed, seqlen_k, seqlen_q=seqlen_q, device=device)
+    idx = k[..., -1].float().argsort(-1)
+    k, v = (t.gather(2, idx[..., None].expand_as(t)) for t in (k, v))
+    return q, k, v, scale
+
+
+def _tile_shifts(q, k, scale, block_n=176, causal=False):
+    """The model's online softmax over K/V tiles of ``block_n`` keys (the kernels' running max, alpha and k:
+    online_rescale_fp32 with the shift; ``causal``: top-left aligned): (rows whose k changes between tiles,
+    alpha < 1 rescales after the first tile summed over the rows)."""
+    s = torch.matmul(q.cpu().double(), k.cpu().double().transpose(-1, -2)).float()  # exact on these inputs
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    sc = torch.tensor(scale, dtype=F32)
+    if sc < 0:
+        s, sc = -s, -sc
+    c = sc * torch.tensor(LOG2E, dtype=F32)
+    m = torch.full(s.shape[:-1] + (1,), ROW_MAX_INIT)
+    err = torch.zeros_like(m)
+    shifts, rescales = [], 0
+    for n0 in range(0, s.shape[-1], block_n):
+        m_new = torch.maximum(m, s[..., n0 : n0 + block_n].amax(-1, keepdim=True))
+        alpha, _, _, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
+        rescales += int((alpha < 1).sum()) if n0 else 0
+        shifts.append(shift)
+        m = m_new
+    shifts = torch.cat(shifts, -1)
+    return int((shifts != shifts[..., :1]).any(-1).sum()), rescales
+
+
+def _alpha_without_the_shift(monkeypatch):
+    """A kernel bug the rising inputs catch: alpha from e alone, 2^((m_old − m_new)·c + e_new − e_old), as if
+    P were relative to R, not R + k: off by 2^(k_new − k_old) whenever k changes between tiles."""
+    real = _reference.online_rescale_fp32
+
+    def stale(m_old, err_old, m_new, c, shift=False):
+        alpha, mul, neg_ref, err, k = real(m_old, err_old, m_new, c, shift=True)
+        k_old = real(m_old, torch.zeros_like(m_old), m_old, c, shift=True)[4]
+        return alpha * torch.exp2(k - k_old), mul, neg_ref, err, k
+
+    monkeypatch.setattr(_reference, "online_rescale_fp32", stale)
+
+
+@pytest.mark.parametrize("log2_mc", [25, 26, 27, 28, 29])
+def test_fp16_model_shift_changes_across_tiles(log2_mc, monkeypatch):
+    """Keys in rising order (_fp16_rising_inputs: 1000 keys in 176-key tiles, as rungs 12 and 13 take them):
+    a good share of the 128 rows has its k change between tiles, with alpha < 1 rescales (checked). The model
+    is within fp16's tolerance of float64, with no zero row, and its LSE within 0.75 fp32 ulp. It can fail:
+    with the shift forced to 0 rows flush to zero from 2^28 on, and with alpha blind to the change of k (the
+    bug these inputs are for) O is off by over 5 % at every magnitude."""
+    q, k, v, scale = _fp16_rising_inputs(log2_mc)
+    changed, rescales = _tile_shifts(q, k, scale)
+    assert changed >= 16 and rescales >= 64, (changed, rescales)  # k does change across tiles
+    ref = attention_exact(q, k, v, scale)
+    out, lse = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16, return_lse=True)
+    assert rel_l2(out, ref) < 1e-3
+    assert bool((out.double().abs().amax(-1) > 0).all())  # no row flushed to zero
+    want = lse_exact(q, k, scale)
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs())) - 23)
+    assert ((lse - want).abs() / ulp).max().item() < 0.75
+    with monkeypatch.context() as mp:
+        _alpha_without_the_shift(mp)
+        stale = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16)
+        assert rel_l2(stale, ref) > 0.05
+    if log2_mc >= 28:
+        _unshifted(monkeypatch)
+        bare = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16)
+        assert rel_l2(bare, ref) > 0.1 and bool((bare.double().abs().amax(-1) == 0).any())
+
+
 def _overshoot_inputs(seqlen_k=1000):
     """One key with score 0 (P = 1) and the rest at −1 with c chosen so that their P = 2^-c lies just above
     the midpoint 0.5 + 2^-12 between two fp16 numbers: fp16 rounds each up by ~2^-11.4 of itself. V = 65504

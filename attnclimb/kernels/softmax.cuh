@@ -60,8 +60,12 @@
 // - Cost: per row and tile one FRND.CEIL and one FADD; per score one FADD, only on a warp-uniform slow
 //   path (the caller branches on __any_sync over the warp of k != 0), so ordinary rows run the bf16
 //   variant's loop. The LSE adds k: ln Σ exp(scale·s) = (R + k)·ln 2 + ln l.
-// - After the shift a P below 2^−24 of the row's largest still rounds to 0 (fp16 subnormals), as the
-//   exact softmax's weights below ~6e-8 of the max: at most seqlen_k·2^−25 of l in all.
+// - After the shift, fp16's subnormal range (below 2^−14) still costs accuracy, as in any kernel with
+//   fp16 P: a P at or below 2^−25 rounds to 0 (the exact softmax's weights under ~3e-8 of the row's
+//   largest), and a P in (2^−25, 2^−14) keeps up to 2^−25 of absolute rounding error (half the subnormal
+//   step 2^−24). Both are absolute: each P loses at most 2^−25, while l is only guaranteed >= 1/2 (the
+//   largest P), so the bound relative to l is seqlen_k·2^−25 / (1/2) = seqlen_k·2^−24 (about 1e-3 at
+//   16k keys). Rows with many keys near the row's max have a larger l and lose correspondingly less.
 //
 // PTX ISA: "Floating Point Instructions: ex2" (ex2.approx.ftz.f32), "fma", "mul" (.rp); IEEE 754 binary32.
 #pragma once
