@@ -9,7 +9,7 @@
 #                                           rung 13 and FA4, the full bench
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "nopp=.ab/nopp", written there by make_variants.py) names the A/B variants of the top
+# AB_VARIANTS (default "nopp=.ab/nopp tree=.ab/tree", written there by make_variants.py) names the A/B variants of the top
 # rung (other folders under .ab can be carried).
 set -uo pipefail
 # git on the device reports the checkout the session started in (HEAD and "-dirty"), not the tree sent:
@@ -31,7 +31,7 @@ case "${1:-}" in
       echo "FA4 install failed: the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab
-    args=(); for v in ${AB_VARIANTS:-nopp=.ab/nopp}; do [ -d "${v#*=}" ] && args+=(--variant "$v"); done
+    args=(); for v in ${AB_VARIANTS:-nopp=.ab/nopp tree=.ab/tree}; do [ -d "${v#*=}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 12,13 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600 --out "$OUT/ab_variants.json" 2>&1 | tail -12
     bash scripts/device_job.sh ncu "r13 rung13 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
