@@ -427,25 +427,11 @@ def build_doc(env: dict, rows: list, shapes: list, settings: dict, notes=None) -
 
 def write_doc(doc: dict, out_dir, when: datetime, slug: str | None = None) -> tuple:
     """Write ``doc`` to ``<out_dir>/<slug>-YYYYMMDD-HHMMSS.json`` and an identical ``latest.json`` (replaced
-    atomically); ``slug`` defaults to the device's (``h200``, :func:`~attnclimb.bench.run.device_slug`).
+    atomically) with :func:`~attnclimb.bench.run.write_results`; ``slug`` defaults to the device's (``h200``).
     Returns both paths."""
-    import json
+    from .run import write_results
 
-    from .run import device_slug
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = f"{slug or device_slug(doc.get('device', ''))}-{when.strftime('%Y%m%d-%H%M%S')}"
-    stamped, n = out_dir / f"{base}.json", 1
-    while stamped.exists():
-        stamped, n = out_dir / f"{base}-{n}.json", n + 1
-    text = json.dumps(doc, indent=2) + "\n"
-    stamped.write_text(text)
-    latest = out_dir / "latest.json"
-    tmp = out_dir / f".latest.{os.getpid()}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, latest)
-    return stamped, latest
+    return write_results(doc, out_dir, when, slug)
 
 
 def console_table(doc: dict) -> str:

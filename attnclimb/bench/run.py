@@ -198,15 +198,16 @@ def device_slug(device_name: str) -> str:
     return m.group(1).lower() if m else "gpu"
 
 
-def write_results(doc: dict, out_dir, when: datetime | None = None) -> tuple:
-    """Write ``doc`` to ``<out_dir>/<slug>-YYYYMMDD-HHMMSS.json`` and an identical ``latest.json``.
+def write_results(doc: dict, out_dir, when: datetime | None = None, slug: str | None = None) -> tuple:
+    """Write ``doc`` to ``<out_dir>/<slug>-YYYYMMDD-HHMMSS.json`` and an identical ``latest.json``; ``slug``
+    defaults to the device's (:func:`device_slug`).
 
     Returns ``(stamped_path, latest_path)``. ``latest.json`` is a real file (a copy, not a symlink).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     when = when or datetime.now(timezone.utc)
-    base = f"{device_slug(doc.get('device', ''))}-{when.strftime('%Y%m%d-%H%M%S')}"
+    base = f"{slug or device_slug(doc.get('device', ''))}-{when.strftime('%Y%m%d-%H%M%S')}"
     stamped, n = out_dir / f"{base}.json", 1
     while stamped.exists():  # two runs in one second keep both files
         stamped, n = out_dir / f"{base}-{n}.json", n + 1

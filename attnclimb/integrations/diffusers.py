@@ -33,8 +33,6 @@ _lock = threading.Lock()
 
 
 def _backend(strict: bool):
-    from .. import sdpa as _sdpa
-
     def attnclimb_attention(
         query,
         key,
@@ -84,24 +82,33 @@ def _backend(strict: bool):
             )
         if attn_mask is not None and attn_mask.dim() == 2 and tuple(attn_mask.shape) == (query.shape[0], key.shape[1]):
             attn_mask = attn_mask[:, None, None, :]
-        fn = _sdpa.scaled_dot_product_attention_lse if return_lse else _sdpa.scaled_dot_product_attention
-        out = fn(
-            query.transpose(1, 2),
-            key.transpose(1, 2),
-            value.transpose(1, 2),
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            strict=strict,
-        )
-        if return_lse:
-            out, lse = out
-            return out.transpose(1, 2), lse.transpose(1, 2)
-        return out.transpose(1, 2)
+        return _bshd_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, strict)
 
     return attnclimb_attention
+
+
+def _bshd_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, strict):
+    """:func:`attnclimb.scaled_dot_product_attention` (with ``return_lse``, the LSE form) on diffusers' BSHD
+    tensors, through ``transpose(1, 2)`` views (no copy); returns ``out`` ``(B, Sq, H, D)`` and, with
+    ``return_lse``, ``(out, lse)`` with ``lse`` ``(B, Sq, H)``."""
+    from .. import sdpa as _sdpa
+
+    fn = _sdpa.scaled_dot_product_attention_lse if return_lse else _sdpa.scaled_dot_product_attention
+    out = fn(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        strict=strict,
+    )
+    if return_lse:
+        out, lse = out
+        return out.transpose(1, 2), lse.transpose(1, 2)
+    return out.transpose(1, 2)
 
 
 def _cp_forward_op(strict: bool):
@@ -113,7 +120,6 @@ def _cp_forward_op(strict: bool):
     :func:`attnclimb.sdpa.scaled_dot_product_attention_lse` (the top rung's LSE variant) or
     :func:`attnclimb.scaled_dot_product_attention` on ``transpose(1, 2)`` views; saves nothing for a
     backward (there is none: :func:`_cp_backward_op`)."""
-    from .. import sdpa as _sdpa
 
     def attnclimb_cp_forward_op(
         ctx,
@@ -129,22 +135,7 @@ def _cp_forward_op(strict: bool):
         _save_ctx: bool = True,
         _parallel_config=None,
     ):
-        fn = _sdpa.scaled_dot_product_attention_lse if return_lse else _sdpa.scaled_dot_product_attention
-        out = fn(
-            query.transpose(1, 2),
-            key.transpose(1, 2),
-            value.transpose(1, 2),
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            strict=strict,
-        )
-        if return_lse:
-            out, lse = out
-            return out.transpose(1, 2), lse.transpose(1, 2)
-        return out.transpose(1, 2)
+        return _bshd_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, strict)
 
     return attnclimb_cp_forward_op
 
