@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from . import ops as _ops
 from . import rungs as _rungs
 from .ops import call as _call
 from .support import FEATURES, FEATURES_BY_RUNG, device_reason, unsupported_reason
@@ -67,11 +68,11 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     """Exact scaled dot-product attention, ``softmax(scale · Q Kᵀ) V``, on a Hopper GPU.
 
     Args:
-        q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor.
+        q: ``(batch, heads, seqlen_q, head_dim)`` bf16 CUDA tensor (or fp16 on the top rung: its FP16 variant).
         k: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor, same device and batch as ``q``;
             ``heads_kv`` is ``heads``, or a divisor of it for grouped-query attention (query head ``h``
             reads K/V head ``h // (heads // heads_kv)``; top rung only).
-        v: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor.
+        v: ``(batch, heads_kv, seqlen_k, head_dim)`` bf16 CUDA tensor. ``q``, ``k``, ``v`` share one dtype.
         scale: softmax scale (natural-log units); default ``1/sqrt(head_dim)`` as in
             ``torch.nn.functional.scaled_dot_product_attention``.
         rung: which kernel of the ladder to run (``0`` … top); ``None`` picks the top (fastest) rung.
@@ -101,12 +102,12 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     :class:`attnclimb.runtime.CompileError` if the installed NVRTC rejects a kernel.
 
     Returns:
-        ``O``: ``(batch, heads, seqlen_q, head_dim)`` bf16, contiguous, on ``q``'s device; with
+        ``O``: ``(batch, heads, seqlen_q, head_dim)`` of ``q``'s dtype, contiguous, on ``q``'s device; with
         ``return_lse`` the pair ``(O, LSE)``, ``LSE`` ``(batch, heads, seqlen_q)`` fp32, contiguous.
 
     Raises:
-        TypeError: an input is not a tensor or not bf16; ``scale``/``rung``/``is_causal``/``return_lse`` of
-            the wrong type.
+        TypeError: an input is not a tensor or not bf16 (fp16 too on the top rung), or the dtypes differ;
+            ``scale``/``rung``/``is_causal``/``return_lse`` of the wrong type.
         ValueError: a sparse or nested tensor, or a tensor subclass; wrong rank, head_dim, device or GPU
             (not Hopper); mismatched batch/heads/seqlen_k; ``is_causal``, fewer K/V heads or
             ``return_lse`` on a rung without that variant (all but the top rung); one head's K/V (causal:
@@ -119,6 +120,14 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     online softmax), FlashAttention-2 (Sec. 3) and FlashAttention-3 (Sec. 3); each rung's page in
     ``docs/rungs/`` cites its own.
     """
+    fk = None
+    if type(is_causal) is bool and type(return_lse) is bool and (scale is None or type(scale) is float):
+        if rung is None or type(rung) is int:  # a repeated call skips the checks (attnclimb.ops.fast_call)
+            fk = _ops.fast_key(q, k, v, "attention", is_causal, scale, rung, return_lse)
+            if fk is not None:
+                out = _ops.fast_call(fk, q, k, v)
+                if out is not None:
+                    return out
     r = _rungs.get(rung)
     for name, flag in (("is_causal", is_causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
@@ -138,4 +147,6 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     if r.abi == "unfused" and not torch.cuda.is_current_stream_capturing():
         _unfused_memory_check(q, k)  # advisory; skipped while a CUDA graph is captured
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _call(q, k, v, s, r.number, is_causal, return_lse)
+    if fk is None:
+        return _call(q, k, v, s, r.number, is_causal, return_lse)
+    return _call(q, k, v, s, r.number, is_causal, return_lse, fk)

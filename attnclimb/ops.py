@@ -18,8 +18,10 @@ for the same inputs: the forward is ours, the backward is not yet.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
+import torch.autograd.forward_ad as _fwAD
 from torch import Tensor
 
 from . import rungs as _rungs
@@ -53,7 +55,30 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal:
     A call whose tensors hold 2^31 elements or more is split over batch, then heads (whole K/V groups),
     then query rows (:func:`attnclimb.runtime.layout.plan_chunks`; never query rows when causal), each
     launch reading and writing contiguous slices in place.
+
+    Host time: a call that launched one planned kernel on its inputs as given is remembered (the key of
+    :func:`fast_key`'s kind for this function: Q, K, V, scale, rung, causal, LSE), and a repeat only
+    allocates O (and the LSE) and launches (:func:`fast_call`): what the operator and the autograd path run.
     """
+    try:
+        # fmt: off
+        key = (
+            "forward",
+            q.shape, q.stride(), q.data_ptr(), q.dtype, q.get_device(),
+            k.shape, k.stride(), k.data_ptr(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.data_ptr(), v.dtype, v.get_device(),
+            is_causal, scale, rung, with_lse,
+        )
+        # fmt: on
+    except Exception:  # nothing to remember it by
+        key = None
+    else:
+        e = _FAST.get(key)
+        if e is not None:
+            out = _run_fast(e, q, k, v)
+            if out is not None:
+                _last.plan = e.plan  # for call(), which remembers its own key with it
+                return out
     r = _rungs.BY_NUMBER[rung]
     b, h, sq, _ = q.shape
     sk = k.shape[2]
@@ -69,10 +94,15 @@ def forward(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal:
     limit = INT32_LIMIT
     one_launch = o.numel() <= limit and k.numel() <= limit and not (unfused and b * h * sq * sk > limit)
     in_place = one_launch and "strided" in r.features  # read Q, K, V where they lie (O stays contiguous)
+    q0, k0, v0 = q, k, v
     q, k, v = _operand(q, in_place), _operand(k, in_place), _operand(v, in_place)
     with _device_guard(q.device.index):
         if one_launch:
-            _launch.run_rung(r, q, k, v, o, scale, causal=is_causal, lse=lse)
+            plan = _launch.run_rung(r, q, k, v, o, scale, causal=is_causal, lse=lse)
+            if plan is not None and q is q0 and k is k0 and v is v0:  # one planned launch on the inputs as given
+                _last.plan = plan
+                if key is not None:
+                    _remember_fast(key, plan, o, rung, scale, is_causal)
         else:
             chunks = plan_chunks(
                 b, h, sq, sk, q.shape[3], heads_kv=k.shape[1], causal=is_causal, score_workspace=unfused, limit=limit
@@ -107,10 +137,10 @@ _NULL_GUARD = _NullGuard()
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False) -> Tensor:
     """``softmax(scale · q kᵀ) v`` on rung ``rung`` of the ladder (no mask, no dropout).
 
-    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H_kv, Sk, 128)`` bf16 CUDA tensors on a Hopper GPU, any
-    strides (``H_kv`` a divisor of ``H``: grouped-query attention); ``scale`` in natural-log units;
-    ``is_causal``: torch's top-left-aligned causal mask. Returns a new contiguous ``(B, H, Sq, 128)`` bf16
-    tensor. It does not validate: call it through :func:`attnclimb.attention` or
+    ``q`` ``(B, H, Sq, 128)``, ``k``/``v`` ``(B, H_kv, Sk, 128)`` bf16 (top rung: or fp16) CUDA tensors on a
+    Hopper GPU, any strides (``H_kv`` a divisor of ``H``: grouped-query attention); ``scale`` in natural-log
+    units; ``is_causal``: torch's top-left-aligned causal mask. Returns a new contiguous ``(B, H, Sq, 128)``
+    tensor of ``q``'s dtype. It does not validate: call it through :func:`attnclimb.attention` or
     :func:`attnclimb.scaled_dot_product_attention`, which check the inputs (and the rung's variants) first.
     """
     return forward(q, k, v, scale, rung, is_causal)
@@ -192,7 +222,8 @@ def _dispatch_mode_active() -> bool:
 def direct_call_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether :func:`call` may skip the operator's dispatch and run :func:`forward` directly: eager mode
     (not inside ``torch.compile`` tracing), plain tensors (not FakeTensors or other subclasses), no input
-    that needs a gradient, and no ``TorchDispatchMode`` active (which should see the operator)."""
+    that needs a gradient, no ``TorchDispatchMode`` active (which should see the operator) and no forward-mode
+    AD level open (whose tangents the direct path would drop)."""
     return (
         not torch.compiler.is_compiling()
         and type(q) is _PLAIN
@@ -200,20 +231,130 @@ def direct_call_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and type(v) is _PLAIN
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and not _dispatch_mode_active()
+        and _fwAD._current_level < 0  # forward-mode AD: the operator sees the dual tensors (and refuses them)
     )
 
 
-def call(q: Tensor, k: Tensor, v: Tensor, scale: float, rung: int, is_causal: bool = False, return_lse: bool = False):
+def call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    rung: int,
+    is_causal: bool = False,
+    return_lse: bool = False,
+    fast_key: tuple | None = None,
+):
     """Run the forward on validated inputs: straight to :func:`forward` when :func:`direct_call_ok`,
     else through the operator ``torch.ops.attnclimb.attention_fwd`` (``attention_fwd_lse`` with
     ``return_lse``, which returns ``(O, LSE)``).
 
     The operator's dispatch (its autograd wrapper, the Python kernel lookup) costs several microseconds a
     call; when nothing can observe the difference, the call skips it and runs the same function the
-    operator runs.
+    operator runs. ``fast_key``: the call's :func:`fast_key` (its caller validated the call): when the
+    direct path launched one planned kernel on the inputs as given, the key is remembered for
+    :func:`fast_call`.
     """
     if direct_call_ok(q, k, v):
-        return forward(q, k, v, scale, rung, is_causal, return_lse)
+        if fast_key is None:
+            return forward(q, k, v, scale, rung, is_causal, return_lse)
+        _last.plan = None
+        out = forward(q, k, v, scale, rung, is_causal, return_lse)
+        plan, _last.plan = _last.plan, None
+        if plan is not None:
+            _remember_fast(fast_key, plan, out[0] if return_lse else out, rung, scale, is_causal)
+        return out
     if return_lse:
         return attention_fwd_lse(q, k, v, scale, rung, is_causal)
     return attention_fwd(q, k, v, scale, rung, is_causal)
+
+
+# ---------------------------------------------------------------- the fast path of a repeated call
+#
+# A call the public entry points (scaled_dot_product_attention, its _lse form, attention) validated and
+# launched once, as one planned kernel on the inputs as given, is remembered under its fast_key: the entry
+# point, the shape, strides, address, dtype and device of Q, K and V, and the call's flags and scale. Those
+# determine everything the support check reads (with the exact types the key demands: plain tensors, bool
+# flags, a float or None scale) and everything the launch plan depends on, so a repeated call with the
+# same key skips both and only allocates O (and the LSE), checks the device and launches
+# (runtime.launch.launch_plan). The key is built only where the direct path would run (eager, plain
+# tensors, no input needing a gradient, no TorchDispatchMode): everything else takes the full path.
+
+_last = threading.local()  # forward's plan, when it launched one planned kernel on the inputs as given
+_FAST: dict = {}
+_FAST_SIZE = 256
+_fast_lock = threading.Lock()
+
+
+def fast_key(q, k, v, entry: str, is_causal, scale, flag, with_lse: bool) -> tuple | None:
+    """The key of a call for :func:`fast_call`, or ``None`` when the call must take the full path
+    (compiling, tensor subclasses, autograd, a dispatch mode, something unreadable: a sparse or nested
+    tensor's strides). ``entry`` names the caller, whose checks the key stands for; ``flag`` is its own
+    extra argument (``enable_gqa``, the rung). The caller passes only bools for the flags and ``None`` or a
+    float for ``scale`` (``True == 1 == 1.0`` as keys)."""
+    if (
+        torch.compiler.is_compiling()
+        or type(q) is not _PLAIN
+        or type(k) is not _PLAIN
+        or type(v) is not _PLAIN
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        or torch._C._len_torch_dispatch_stack()
+        or _fwAD._current_level >= 0
+    ):
+        return None
+    try:
+        # fmt: off
+        return (
+            entry,
+            q.shape, q.stride(), q.data_ptr(), q.dtype, q.get_device(),
+            k.shape, k.stride(), k.data_ptr(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.data_ptr(), v.dtype, v.get_device(),
+            is_causal, scale, flag, with_lse,
+        )
+        # fmt: on
+    except Exception:
+        return None
+
+
+class _Fast:
+    """A remembered call: its launch plan, O's (and the LSE's) shape, O's alignment as planned, the
+    device, and what :func:`attnclimb.runtime.launch.run_rung` needs if O's alignment ever differs."""
+
+    __slots__ = ("causal", "dev", "lse_shape", "o_mod", "o_shape", "plan", "rung", "scale")
+
+    def __init__(self, plan, o: Tensor, rung: int, scale: float, causal: bool, with_lse: bool):
+        self.plan, self.rung, self.scale, self.causal = plan, _rungs.BY_NUMBER[rung], scale, causal
+        self.dev = plan.lr.device_index
+        self.o_shape = tuple(o.shape)
+        self.o_mod = o.data_ptr() & 15
+        self.lse_shape = self.o_shape[:3] if with_lse else None
+
+
+def _remember_fast(key: tuple, plan, o: Tensor, rung: int, scale: float, causal: bool) -> None:
+    entry = _Fast(plan, o, rung, scale, causal, key[-1])
+    with _fast_lock:
+        if len(_FAST) >= _FAST_SIZE:
+            _FAST.pop(next(iter(_FAST)))  # the oldest first
+        _FAST[key] = entry
+
+
+def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor):
+    """The result of a remembered call (what :func:`call` returns), or ``None`` when ``key`` was not
+    remembered or torch's current device is not the call's (the full path then switches devices)."""
+    e = _FAST.get(key)
+    return None if e is None else _run_fast(e, q, k, v)
+
+
+def _run_fast(e: _Fast, q: Tensor, k: Tensor, v: Tensor):
+    """Run the remembered call ``e`` on ``q``, ``k``, ``v`` (those of its key); ``None`` when torch's current
+    device is not the call's."""
+    if torch._C._cuda_getDevice() != e.dev:
+        return None
+    o = q.new_empty(e.o_shape)
+    lse = None if e.lse_shape is None else q.new_empty(e.lse_shape, dtype=torch.float32)
+    o_ptr = o.data_ptr()
+    if o_ptr & 15 == e.o_mod:
+        _launch.launch_plan(e.plan, e.dev, o_ptr, 0 if lse is None else lse.data_ptr())
+    else:  # never seen from torch's allocators (aligned blocks); planned afresh as the full path would
+        _launch.run_rung(e.rung, q, k, v, o, e.scale, causal=e.causal, lse=lse)
+    return o if lse is None else (o, lse)

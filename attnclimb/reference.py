@@ -10,7 +10,9 @@ agrees with :func:`attention_exact` to ~1e-15, which pins the algorithm the kern
 With ``kernel_fp32=True`` it also mirrors the kernels' *arithmetic* (rungs 4+): fp32 scores, the FFMA fold
 ``P = ex2(fma(s, c, -R))`` against the fp32 reference ``R`` of ``attnclimb/kernels/softmax.cuh``
 (:func:`online_rescale_fp32`), P rounded to bf16 for the P·V product, fp32 row sums and accumulators, so
-that a rounding model of the kernels can be tested on the CPU.
+that a rounding model of the kernels can be tested on the CPU. ``p_dtype=torch.float16`` models the top
+rung's FP16 variant instead: P rounded to fp16 after the per-row power-of-two shift of ``softmax.cuh``
+("fp16 P"; :func:`p_shift_fp32`), O written as fp16.
 """
 
 from __future__ import annotations
@@ -94,7 +96,13 @@ def row_multiplier_fp32(m, c):
     return bits.to(torch.int32).view(torch.float32)
 
 
-def online_rescale_fp32(m_old, err_old, m_new, c):
+def p_shift_fp32(err):
+    """``k = ceil(e)`` of ``softmax.cuh``'s fp16 P (``online_rescale<true>``): the power of two a row's P is
+    scaled by before it is rounded to fp16 (``P = 2^(s·c − R − k)``); 0 unless ``|m·c| >= 2^24``."""
+    return torch.ceil(err)
+
+
+def online_rescale_fp32(m_old, err_old, m_new, c, shift=False):
     """Float32 mirror of ``smx::online_rescale`` (``attnclimb/kernels/softmax.cuh``).
 
     ``m_old``, ``m_new``: float32 tensors of running row maxima of raw scores (``ROW_MAX_INIT`` before any
@@ -103,18 +111,31 @@ def online_rescale_fp32(m_old, err_old, m_new, c):
     ``P = 2^fma(s, mul, neg_ref)``; ``alpha = 2^(R_old − R_new)`` rescales O and l (exactly 1 when
     ``m_old == m_new``); ``mul`` is ``c``, or a power of two on rows where only ties at the max carry
     weight; ``err = m_new·c − R`` in units of ``c`` (``R`` rounded up, so ``err <= 0`` and every P <= 1).
+
+    ``shift=True`` mirrors ``online_rescale<true>`` (fp16 P) and returns ``(alpha, mul, neg_ref, err, k)``:
+    ``k = ceil(e)`` (:func:`p_shift_fp32`), ``P = 2^(fma(s, mul, neg_ref) − k)``, and ``err = e − k`` (exact),
+    the error against ``R + k`` from which ``alpha`` is computed (pass it back as ``err_old``).
     """
     mul = row_multiplier_fp32(m_new, c)
     ref = _mul32_up(m_new, mul)
     err = _fma32(m_new, mul, -ref)
+    if shift:
+        k = p_shift_fp32(err)
+        err = err - k  # float32, exact (Sterbenz: e in (k − 1, k])
     alpha = torch.exp2(_fma32(m_old - m_new, c.expand_as(m_new), err - err_old))
-    return alpha, mul, -ref, err
+    return (alpha, mul, -ref, err, k) if shift else (alpha, mul, -ref, err)
 
 
-def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
-    """The kernels' arithmetic (see the module docstring); float32 results."""
+F16_MAX = 65504.0
+
+
+def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16):
+    """The kernels' arithmetic (see the module docstring); float32 results (fp16 O with fp16 P)."""
     f32 = torch.float32
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))  # bf16 values: exact in float64
+    fp16 = p_dtype == torch.float16
+    if p_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"p_dtype must be torch.bfloat16 or torch.float16, got {p_dtype}")
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))  # bf16 (fp16) values: exact in float64
     scale32 = torch.tensor(scale, dtype=f32)
     if scale32 < 0:
         q, scale32 = -q, -scale32
@@ -122,7 +143,7 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
     c = scale32 * torch.tensor(LOG2E, dtype=f32)
     b, h, sq, d = q.shape
     sk = k.shape[2]
-    out = torch.empty(b, h, sq, d, dtype=f32)
+    out = torch.empty(b, h, sq, d, dtype=torch.float16 if fp16 else f32)
     lse = torch.empty(b, h, sq, dtype=torch.float64)
     for m0 in range(0, sq, block_m):
         qt = q[:, :, m0 : m0 + block_m]
@@ -138,38 +159,60 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse):
                 s = torch.cat([s, s.new_full((b, h, rows, block_n - kt.shape[2]), -math.inf)], dim=-1)
                 vt = torch.cat([vt, vt.new_zeros(b, h, block_n - vt.shape[2], d)], dim=2)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
-            p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
+            if fp16:  # P·2^−k (softmax.cuh, "fp16 P"): one FADD after the FFMA, in fp32
+                alpha, mul, neg_ref, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
+                p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)) - shift)
+            else:
+                alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
+                p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
             l = l * alpha + p.sum(dim=-1, keepdim=True)
-            pv = torch.matmul(p.to(torch.bfloat16).to(torch.float64), vt).to(f32)
+            pv = torch.matmul(p.to(p_dtype).to(torch.float64), vt).to(f32)
             acc = acc * alpha + pv
             m = m_new
         inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-        out[:, :, m0 : m0 + rows] = acc * inv_l
-        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l, scale32, c).double().squeeze(-1)
+        o = acc * inv_l
+        if fp16:  # the epilogue's clamp_f16: finite values to ±65504 (fp16-rounded P can overshoot V's range)
+            o = torch.where(o.abs() < math.inf, o.clamp(-F16_MAX, F16_MAX), o)
+        out[:, :, m0 : m0 + rows] = o.to(out.dtype)
+        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l, scale32, c, shift=fp16).double().squeeze(-1)
     return (out, lse) if return_lse else out
 
 
 LN2_F32 = torch.tensor(math.log(2.0), dtype=torch.float32)
 
 
-def kernel_lse_fp32(m, l, scale, c):
-    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``12_wide_tiles.cu``).
+def kernel_lse_fp32(m, l, scale, c, shift=False):
+    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``13_const_desc.cu``, as in rung 12).
 
     ``m``: the rows' final running max of raw scores, ``l``: their row sums of P (float32 tensors),
     ``scale``: the float32 scale (``> 0``, after the kernels' negation and FLT_MIN clamp), ``c = scale·log2 e``.
     Soft rows (``mul == c``): ``LSE = fma(R, ln 2, ln l)`` with the row's ``R = m·c`` rounded up; hard rows:
-    ``LSE = fma(m, scale, ln l)`` (natural units, finite wherever the exact LSE is).
+    ``LSE = fma(m, scale, ln l)`` (natural units, finite wherever the exact LSE is). ``shift=True`` (the FP16
+    variant, whose P and l are relative to ``R + k``): ``ln l`` becomes ``fma(k, ln 2, ln l)``,
+    ``k = ceil(fma(m, mul, −R))`` (0 on hard rows).
     """
     mul = row_multiplier_fp32(m, c)
     log_l = torch.log(l.double()).float()
+    if shift:
+        k = p_shift_fp32(_fma32(m, mul, -_mul32_up(m, mul)))
+        log_l = _fma32(k, LN2_F32.expand_as(m), log_l)
     soft = _fma32(_mul32_up(m, mul), LN2_F32.expand_as(m), log_l)
     hard = _fma32(m, scale.expand_as(m), log_l)
     return torch.where(mul == c, soft, hard)
 
 
 def attention_tiled(
-    q, k, v, scale=None, block_m=128, block_n=64, base2=False, dtype=torch.float64, return_lse=False, kernel_fp32=False
+    q,
+    k,
+    v,
+    scale=None,
+    block_m=128,
+    block_n=64,
+    base2=False,
+    dtype=torch.float64,
+    return_lse=False,
+    kernel_fp32=False,
+    p_dtype=torch.bfloat16,
 ):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
@@ -177,16 +220,18 @@ def attention_tiled(
     kernels do, so ragged tails are exercised. Returns ``O`` (``(B, H, Sq, D)`` in ``dtype``) and, with
     ``return_lse``, the row log-sum-exp (natural log) as well. ``kernel_fp32=True`` mirrors the rung-4+
     kernels' fp32 arithmetic instead (``base2`` and ``dtype`` are then ignored; ``O`` is float32, the
-    LSE float64): inputs should hold bf16 values.
+    LSE float64): inputs should hold bf16 values. With it, ``p_dtype=torch.float16`` models the top rung's
+    FP16 variant (inputs holding fp16 values; P shifted per row and rounded to fp16, ``softmax.cuh``; ``O``
+    is then float16, as the kernel writes it).
 
-    Raises ``ValueError`` for non-positive tile sizes or incompatible shapes.
+    Raises ``ValueError`` for non-positive tile sizes, incompatible shapes or another ``p_dtype``.
     """
     _check(q, k, v)
     if block_m <= 0 or block_n <= 0:
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kernel_fp32:
-        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse)
+        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal
@@ -248,7 +293,16 @@ def far_offset_log2(scale, log2_mc):
 
 
 def far_offset_inputs(
-    batch, seqlen_q, seqlen_k, log2_offset, scale, head_dim=128, ties=False, generator=None, device="cpu"
+    batch,
+    seqlen_q,
+    seqlen_k,
+    log2_offset,
+    scale,
+    head_dim=128,
+    ties=False,
+    generator=None,
+    device="cpu",
+    dtype=torch.bfloat16,
 ):
     """bf16 Q, K, V whose scores all sit near ``±127·2^log2_offset`` yet differ by a few units of softmax.
 
@@ -260,6 +314,8 @@ def far_offset_inputs(
     ``scale·log2(e)·δ`` (a soft softmax) while ``u`` allows it, and collapse to ties and near-one-hot rows
     at large ``p``. ``ties=True`` makes the last column of K zero: every score of a row equal. V is standard
     normal. Needs ``0 <= p <= 121`` (the largest score ``127·2^121`` is finite in fp32) and ``head_dim >= 2``.
+    ``dtype=torch.float16`` gives fp16 tensors of the same values, which needs them to be fp16 numbers
+    (``p <= 30`` and the last column of K within ±65504).
 
     Raises ``ValueError`` outside those ranges.
     """
@@ -284,4 +340,7 @@ def far_offset_inputs(
     else:
         k[..., -1] = unit * torch.randint(-reach, reach + 1, shape_k[:3], generator=g, device=device).to(torch.float64)
     v = torch.randn(shape_k, generator=g, **kw)
-    return tuple(t.to(torch.bfloat16) for t in (q, k, v))
+    out = tuple(t.to(dtype) for t in (q, k, v))
+    if any(not torch.equal(o.to(torch.float64), t) for o, t in zip(out[:2], (q, k))):
+        raise ValueError(f"log2_offset {p} with scale {scale}: Q or K is not exact in {dtype}")
+    return out

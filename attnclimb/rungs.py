@@ -41,9 +41,11 @@ class Rung:
             ``num_m_blocks * batch * heads`` work tiles, which the kernel receives as a last argument
             ``num_tiles`` (``docs/kernel-abi.md``); otherwise one CTA per work tile.
         features: the compile-time variants the kernel has (issues 8 and 9): ``"causal"``, ``"gqa"``,
-            ``"lse"``, ``"strided"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``); such a kernel takes
+            ``"lse"``, ``"strided"``, ``"fp16"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``, ``FP16``:
+            fp16 Q, K, V and O instead of bf16); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
-            (``docs/kernel-abi.md``). The top rung has them; the lower rungs are left as they are.
+            (``docs/kernel-abi.md``). Rungs 12 and 13 (the top rung) have them; the lower rungs are left as
+            they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
             variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
@@ -334,13 +336,33 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=176,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
         persistent=True,
-        features=("causal", "gqa", "lse", "strided"),
+        features=("causal", "gqa", "lse", "strided", "fp16"),
         # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
         # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
         head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
         # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
         # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
         # (benchmarks/ab/ab-causal-tiles-h200.json)
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+    ),
+    # Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
+    # features, head_dims and causal tiles (the kernel source changes, not the launch).
+    Rung(
+        13,
+        "const_desc",
+        "wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
+        "tma",
+        block_m=128,
+        block_n=176,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=176,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+        persistent=True,
+        features=("causal", "gqa", "lse", "strided", "fp16"),
+        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
 )

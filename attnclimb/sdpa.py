@@ -69,6 +69,22 @@ def reset_fallback_warnings() -> None:
         _warned.clear()
 
 
+def _autocast_reason(query) -> Unsupported | None:
+    """Under ``torch.autocast`` on CUDA with another dtype than the inputs', torch's SDPA would run in the
+    autocast dtype (it is on autocast's lower-precision list): the call falls back so that the result, and
+    its dtype, are torch's. Checked before the fast path, whose key does not hold the autocast state."""
+    if torch.is_autocast_enabled("cuda") and isinstance(query, torch.Tensor) and query.device.type == "cuda":
+        want = torch.get_autocast_dtype("cuda")
+        if want != query.dtype:
+            return Unsupported(
+                "autocast",
+                str(want),
+                f"torch.autocast to {want} is active and the inputs are {query.dtype}: torch's SDPA runs the call",
+                TypeError,
+            )
+    return None
+
+
 def scaled_dot_product_attention(
     query,
     key,
@@ -92,7 +108,8 @@ def scaled_dot_product_attention(
             ``1/sqrt(E)`` and is in natural-log units (``softmax(scale · Q Kᵀ)``).
         strict: raise :class:`attnclimb.KernelUnsupportedError` instead of falling back.
 
-    The kernels take bf16 CUDA tensors on a Hopper GPU (compute capability 9.0) with ``E = Ev = 128``,
+    The kernels take bf16 or fp16 CUDA tensors (one dtype for all three; fp16 is the top rung's FP16 variant)
+    on a Hopper GPU (compute capability 9.0) with ``E = Ev = 128``,
     no mask and ``dropout_p == 0``; ``is_causal=True`` and ``enable_gqa=True`` with K/V heads dividing
     Q's run the top rung's causal and grouped-query variants; any strides (what they cannot read in
     place is copied first), any sizes including 0 (an empty output, or zeros when ``Sk == 0``, as torch
@@ -121,10 +138,25 @@ def scaled_dot_product_attention(
     The kernels' ideas: FlashAttention (Dao et al. 2022), FlashAttention-2 and -3; the signature is
     torch's (``torch.nn.functional.scaled_dot_product_attention``).
     """
-    why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    fk = None
+    autocast = _autocast_reason(query)
+    if (
+        autocast is None
+        and attn_mask is None
+        and dropout_p == 0.0
+        and type(is_causal) is bool
+        and type(enable_gqa) is bool
+        and (scale is None or type(scale) is float)
+    ):  # a repeated call skips the checks and the planning (attnclimb.ops.fast_call)
+        fk = _ops.fast_key(query, key, value, "sdpa", is_causal, scale, enable_gqa, False)
+        if fk is not None:
+            out = _ops.fast_call(fk, query, key, value)
+            if out is not None:
+                return out
+    why = autocast or unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if why is None:
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-        return _ops.call(query, key, value, s, _TOP, bool(is_causal))
+        return _ops.call(query, key, value, s, _TOP, bool(is_causal), False, fk)
     if strict:
         _raise_unsupported(why.key, why.detail, why.message, why.exc.__name__)
     _warn_fallback(why.key, why.detail, why.message)
@@ -155,10 +187,27 @@ def scaled_dot_product_attention_lse(
     is for correctness, not speed). The diffusers backend uses it for ``return_lse=True``. The LSE carries
     no gradient.
     """
-    why = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse=True)
+    fk = None
+    autocast = _autocast_reason(query)
+    if (
+        autocast is None
+        and attn_mask is None
+        and dropout_p == 0.0
+        and type(is_causal) is bool
+        and type(enable_gqa) is bool
+        and (scale is None or type(scale) is float)
+    ):
+        fk = _ops.fast_key(query, key, value, "sdpa", is_causal, scale, enable_gqa, True)
+        if fk is not None:
+            out = _ops.fast_call(fk, query, key, value)
+            if out is not None:
+                return out
+    why = autocast or unsupported_reason(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse=True
+    )
     if why is None:
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-        return _ops.call(query, key, value, s, _TOP, bool(is_causal), True)
+        return _ops.call(query, key, value, s, _TOP, bool(is_causal), True, fk)
     if strict:
         _raise_unsupported(why.key, why.detail, why.message, why.exc.__name__)
     _warn_fallback(why.key, why.detail, why.message)

@@ -5,9 +5,10 @@ raises the reason), :func:`attnclimb.scaled_dot_product_attention` (which falls 
 a warning, or raises with ``strict=True``) and the diffusers backend.
 
 What every rung computes is :data:`BASE`; a rung whose ``features`` name ``"causal"``, ``"gqa"`` or
-``"lse"`` (the top rung, issue 8) also takes ``is_causal=True``, fewer K/V heads and the log-sum-exp output.
+``"lse"`` (rungs 12 and 13, the top rung; issue 8) also takes ``is_causal=True``, fewer K/V heads and the
+log-sum-exp output.
 :data:`FEATURES` is the top rung's table, the one ``scaled_dot_product_attention`` runs. A kernel feature
-of a later issue (fp16, other head dims, another GPU generation) slots in by editing :data:`BASE` or a
+of a later issue (another dtype, another GPU generation) slots in by editing :data:`BASE` or a
 rung's ``features``, once the launch path can run it: every caller and every fallback message follows.
 """
 
@@ -64,13 +65,15 @@ BASE = KernelFeatures(dtypes=frozenset({torch.bfloat16}), head_dims=frozenset({1
 
 def features_of(rung) -> KernelFeatures:
     """:data:`BASE` with the compile-time variants of ``rung`` (``Rung.features``: ``"causal"``, ``"gqa"``,
-    ``"lse"``; ``Rung.head_dims``), named after the rung for the messages. (``"strided"``, reading
-    non-contiguous tensors in place, changes no support: the drop-in layer copies what it does not use it for.)"""
+    ``"lse"``, ``"fp16"`` (fp16 among the dtypes); ``Rung.head_dims``), named after the rung for the messages.
+    (``"strided"``, reading non-contiguous tensors in place, changes no support: the drop-in layer copies what
+    it does not use it for.)"""
     f = rung.features
     name = f"rung {rung.number} ({rung.name})"
     head_dims = frozenset({rung.head_dim, *rung.head_dims})  # the head_dim variants (Rung.head_dims)
+    dtypes = BASE.dtypes | {torch.float16} if "fp16" in f else BASE.dtypes  # the FP16 variant
     return dataclasses.replace(
-        BASE, causal="causal" in f, gqa="gqa" in f, lse="lse" in f, head_dims=head_dims, name=name
+        BASE, causal="causal" in f, gqa="gqa" in f, lse="lse" in f, head_dims=head_dims, dtypes=dtypes, name=name
     )
 
 
@@ -94,7 +97,8 @@ class Unsupported(NamedTuple):
     Attributes:
         key: the category: ``"type"``, ``"layout"``, ``"subclass"``, ``"attn_mask"``, ``"dropout"``,
             ``"is_causal"``, ``"rank"``, ``"dtype"``, ``"head_dim"``, ``"shape"``, ``"gqa"``, ``"scale"``,
-            ``"device"``, ``"gpu"`` or ``"size"`` (``docs/dropin.md`` has the table).
+            ``"device"``, ``"gpu"`` or ``"size"``; ``attnclimb.sdpa`` adds ``"autocast"`` (``docs/dropin.md`` has
+            the table).
         detail: the value that decided it (``"torch.float16"``, ``"64"``, ``"cpu"``, ...), or ``""``;
             one fallback warning is emitted per distinct ``(key, detail)``.
         message: one sentence for a person.

@@ -1,6 +1,6 @@
 """Host time per call of ``attnclimb.scaled_dot_product_attention`` without a GPU (issue 9).
 
-Runs the real Python call path (sdpa -> support -> ops -> runtime.launch.run_rung -> cuda.core's launch)
+Runs the real Python call path (sdpa -> support -> ops -> runtime.launch.run_rung -> the kernel launch)
 on CPU tensors, with only the GPU-only parts replaced at the lowest level this script could find:
 
 - ``torch.Tensor.device`` reads ``cuda:0`` (a Python property on ``torch.Tensor``, instead of the C getter);
@@ -10,14 +10,19 @@ on CPU tensors, with only the GPU-only parts replaced at the lowest level this s
 - device 0 counts as a Hopper GPU (``support._DEVICE_REASONS``);
 - ``LoadedRung`` is built without cuda.core (no compile, no module load; fixed SM count and occupancy);
 - ``_encode_map`` (``cuTensorMapEncodeTiled``, only on a tensor-map cache miss) returns an int;
-- ``cuda.core.launch`` is replaced by building cuda.core's ``ParamHolder`` of the kernel arguments (its
-  argument packing); the rest of ``launch`` and ``cuLaunchKernelEx`` itself are not run;
+- the launch: a plan's arguments are packed once (``attnclimb/runtime/packed.py``, with cuda.core's
+  ``ParamHolder``, as on the GPU) and ``cuda.bindings.driver.cuLaunchKernel`` is replaced by a Python
+  function of its 11 arguments that returns success (so the binding's own argument conversion and the
+  driver are not run). With ``ATTNCLIMB_LAUNCH=cuda.core`` (the launch before that change) ``cuda.core.launch``
+  is replaced by building cuda.core's ``ParamHolder`` of the kernel arguments (its argument packing); the
+  rest of ``launch`` and ``cuLaunchKernelEx`` itself are not run;
 - the operator ``attnclimb::attention_fwd`` gets a CPU kernel (``ops.forward``, what its CUDA kernel runs),
   for the paths through torch's dispatcher (the operator called directly, an input that requires grad).
 
 Grad mode is on and no input requires grad (as in the bench), except in the row that says so.
 
-So the figures exclude: the driver's launch, cuda.core's stream/config handling inside ``launch``, the
+So the figures exclude: the driver's launch, the binding's argument conversion (or, with
+``ATTNCLIMB_LAUNCH=cuda.core``, cuda.core's stream/config handling inside ``launch``), the
 CUDA caching allocator (a CPU allocation is timed instead; the ``torch.empty`` stand-in costs what a plain
 CPU ``torch.empty(..., device="cpu")`` does, ~1.7 µs here) and the C ``device`` getter. They are for
 comparing the Python path before and after a change on one machine; the H200 figure (``python
@@ -40,7 +45,7 @@ import torch
 
 import attnclimb
 from attnclimb import ops, rungs, support
-from attnclimb.runtime import launch
+from attnclimb.runtime import launch, packed
 
 SHAPE = (1, 1, 128, 128)  # the bench's host-overhead shape (attnclimb.bench.shapes.HOST_OVERHEAD_SHAPE)
 
@@ -75,6 +80,18 @@ def _param_launch(stream, config, kernel, *args):
     ParamHolder(args)
 
 
+_SUCCESS = (0,)
+
+
+def _driver_call(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+    """What stands in for ``cuda.bindings.driver.cuLaunchKernel`` (the pre-packed launch,
+    ``attnclimb/runtime/packed.py``): a Python call of its arguments, returning success."""
+    return _SUCCESS
+
+
+_ABSENT = object()  # an attribute stubbed_gpu adds, and deletes again on exit
+
+
 @contextlib.contextmanager
 def stubbed_gpu():
     """The stand-ins above, undone on exit."""
@@ -85,14 +102,15 @@ def stubbed_gpu():
         return real_empty(*args, **kw)
 
     saved = [
-        (torch.Tensor, "device", torch.Tensor.__dict__.get("device")),
+        (torch.Tensor, "device", torch.Tensor.__dict__.get("device", _ABSENT)),
         (torch, "empty", real_empty),
         (torch.cuda, "_initialized", torch.cuda._initialized),
-        (torch._C, "_cuda_getDevice", getattr(torch._C, "_cuda_getDevice", None)),
-        (torch._C, "_cuda_getCurrentRawStream", getattr(torch._C, "_cuda_getCurrentRawStream", None)),
+        (torch._C, "_cuda_getDevice", getattr(torch._C, "_cuda_getDevice", _ABSENT)),
+        (torch._C, "_cuda_getCurrentRawStream", getattr(torch._C, "_cuda_getCurrentRawStream", _ABSENT)),
         (launch, "LoadedRung", launch.LoadedRung),
         (launch, "_encode_map", launch._encode_map),
         (launch, "_cuda_launch", launch._cuda_launch),
+        (packed, "_driver_launch", packed._driver_launch),
         (launch, "_raw_stream_of", launch._raw_stream_of),
     ]
     torch.Tensor.device = property(lambda self: cuda0)
@@ -101,24 +119,30 @@ def stubbed_gpu():
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     launch.LoadedRung = _StubLoadedRung
-    launch._encode_map = lambda ptr, shape, strides, box: hash((ptr, shape, strides, box)) & 0xFFFF_FFFF
+    launch._encode_map = lambda ptr, shape, strides, box, fp16=False: (
+        hash((ptr, shape, strides, box, fp16)) & 0xFFFF_FFFF
+    )
     launch._cuda_launch = _param_launch
+    packed._driver_launch = _driver_call
     launch._raw_stream_of = None
     had_reason = 0 in support._DEVICE_REASONS
     old_reason = support._DEVICE_REASONS.get(0)
     support._DEVICE_REASONS[0] = None
     launch._LOADED.clear()
+    ops._FAST.clear()
     try:
         yield
     finally:
         launch._LOADED.clear()
         launch._TMAP_CACHE.clear()
+        launch._PLANS.clear()
+        ops._FAST.clear()  # remembered calls hold plans of the stand-in LoadedRung
         if had_reason:
             support._DEVICE_REASONS[0] = old_reason
         else:
             support._DEVICE_REASONS.pop(0, None)
         for obj, name, value in saved:
-            if value is None:
+            if value is _ABSENT:
                 with contextlib.suppress(AttributeError):
                     delattr(obj, name)
             else:

@@ -1,8 +1,9 @@
 """Run rungs once each on small ragged shapes, for compute-sanitizer (memcheck, racecheck, synccheck).
 
-Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features]
+Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features | fp16]
 
-``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256).
+``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256); ``fp16``
+its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path).
 """
 
 import math
@@ -18,10 +19,11 @@ from attnclimb.runtime.launch import run_rung
 SHAPES = [(1, 1, 129, 200), (1, 2, 64, 65), (1, 100, 257, 300)]
 
 
-def one(r, b, h, sq, sk, d=128, h_kv=None, causal=False, lse=False, strided=False):
+def one(r, b, h, sq, sk, d=128, h_kv=None, causal=False, lse=False, strided=False, dtype=torch.bfloat16, big=1.0):
     h_kv = h_kv or h
-    q = torch.randn(b, h, sq, d, device="cuda").to(torch.bfloat16)
-    k, v = (torch.randn(b, h_kv, sk, d, device="cuda").to(torch.bfloat16) for _ in range(2))
+    q = (torch.randn(b, h, sq, d, device="cuda") * big).to(dtype)
+    k = (torch.randn(b, h_kv, sk, d, device="cuda") * big).to(dtype)
+    v = torch.randn(b, h_kv, sk, d, device="cuda").to(dtype)
     if strided:  # BSHD views, as a model hands them over
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     o = torch.full_like(q.contiguous(), float("nan"))
@@ -29,7 +31,7 @@ def one(r, b, h, sq, sk, d=128, h_kv=None, causal=False, lse=False, strided=Fals
     run_rung(r, q, k, v, o, 1 / math.sqrt(d), causal=causal, lse=lse_t)
     torch.cuda.synchronize()
     err = rel_l2(o, attention_exact(q, k, v, causal=causal))
-    tag = f"{r.key} d{d} {b}x{h}/{h_kv}x{sq}x{sk} causal={causal} lse={lse} strided={strided}"
+    tag = f"{r.key} {dtype} d{d} {b}x{h}/{h_kv}x{sq}x{sk} causal={causal} lse={lse} strided={strided} big={big}"
     print(f"{tag}: rel_l2 {err:.2e}", flush=True)
 
 
@@ -45,6 +47,18 @@ if args == ["features"]:
         for d in top.head_dims:
             if d != 128:
                 one(top, b, h, sq, sk, d=d)
+elif args == ["fp16"]:
+    top, f16 = rungs.RUNGS[-1], torch.float16
+    for b, h, sq, sk in SHAPES:
+        one(top, b, h, sq, sk, dtype=f16)
+        one(top, b, h, sq, sk, causal=True, lse=True, dtype=f16)
+        one(top, b, h, sq, sk, strided=True, dtype=f16)
+        if h % 2 == 0:
+            one(top, b, h, sq, sk, h_kv=h // 2, causal=True, lse=True, dtype=f16)
+        for d in top.head_dims:
+            one(top, b, h, sq, sk, d=d, dtype=f16)
+        # Q and K of size ~1e4: |max·c| ~ 2^27, rows that need the fp16-P shift (the slow path)
+        one(top, b, h, sq, sk, lse=True, dtype=f16, big=1e4)
 else:
     for n in [int(a) for a in args] or [r.number for r in rungs.RUNGS]:
         r = rungs.get(n)

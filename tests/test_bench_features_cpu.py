@@ -14,6 +14,10 @@ from attnclimb.bench import peers, report, run, shapes, timing
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 TOP = rungs.TOP
+# the rungs with issue 8's variants: rung 12 and the rung above it, which keeps them
+FEATURED = [r for r in rungs.RUNGS if r.features]
+WHO = f"issue 8: rungs {', '.join(str(r.number) for r in FEATURED)} have them"
+TOP_ROW = f"| {TOP.number} {TOP.name}"
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -136,7 +140,7 @@ def test_rungs_without_the_variants_are_skipped_with_the_reason(rung):
     impl = peers.RungImpl(rung)
     # the head dims the bench runs a rung on are the ones its calls take (attnclimb.attention checks these)
     assert set(impl.head_dims) == set(support.FEATURES_BY_RUNG[rung.number].head_dims)
-    assert impl.head_dims == ((64, 128, 256) if rung is TOP else (128,))
+    assert impl.head_dims == ((64, 128, 256) if rung in FEATURED else (128,))
     for s in shapes.default_shapes(features=False):
         assert impl.unsupported(s) is None
     want = {
@@ -154,12 +158,29 @@ def test_rungs_without_the_variants_are_skipped_with_the_reason(rung):
     assert list(want) == list(shapes.FEATURE_SHAPES)
     for name, s in shapes.FEATURE_SHAPES.items():
         why = impl.unsupported(s)
-        if rung is TOP:
+        if rung in FEATURED:
             assert why is None
         else:
-            assert why == f"{want[name]} (issue 8: only the top rung has them)"
+            assert why == f"{want[name]} ({WHO})"
     for key in peers.PEER_KEYS:
         assert all(peers.make_peer(key).unsupported(s) is None for s in shapes.FEATURE_SHAPES.values())
+
+
+def test_feature_columns_time_the_top_rung_only():
+    """A rung below the top that has the variants (rung 12 under rung 13) computes the feature columns but
+    is not timed there by default (their compiles would double the bench); the main columns it runs."""
+    below = [r for r in rungs.RUNGS if r.features and r is not TOP]
+    assert below, "expected a rung below the top with the feature variants"
+    for r in below:
+        impl = peers.RungImpl(r)
+        for s in shapes.FEATURE_SHAPES.values():
+            assert impl.unsupported(s) is None
+            assert impl.skip_reason(s) == (
+                f"the feature columns time the top rung only (rung {TOP.number}; --no-limits times this one too)"
+            )
+        assert all(impl.skip_reason(s) is None for s in shapes.default_shapes(features=False))
+    top = peers.RungImpl(TOP)
+    assert all(top.skip_reason(s) is None for s in shapes.FEATURE_SHAPES.values())
 
 
 def test_unsupported_head_dim_reasons_follow_the_ladder(monkeypatch):
@@ -171,17 +192,14 @@ def test_unsupported_head_dim_reasons_follow_the_ladder(monkeypatch):
     assert top.unsupported(d96c) == "no head_dim 96 variant (no rung has it)"
     assert r11.unsupported(d96c) == "no causal or head_dim 96 variant (no rung has them)"
     three = shapes.Shape("x", "x", 1, 4, 64, 64, head_dim=64, causal=True, heads_kv=2)
-    assert (
-        r11.unsupported(three)
-        == "no causal, grouped-query or head_dim 64 variant (issue 8: only the top rung has them)"
-    )
+    assert r11.unsupported(three) == f"no causal, grouped-query or head_dim 64 variant ({WHO})"
     assert top.unsupported(three) is None
     # a ladder where rung 11 has head_dim 64 too: the reason says so
     wider = dataclasses.replace(rungs.BY_NUMBER[11], head_dims={64: {}})
     monkeypatch.setattr(rungs, "RUNGS", tuple(wider if r.number == 11 else r for r in rungs.RUNGS))
     d64 = shapes.FEATURE_SHAPES["fa-8k-d64"]
     assert peers.RungImpl(wider).unsupported(d64) is None
-    assert r11.unsupported(d64) == "no head_dim 64 variant (issue 8: rungs 11, 12 have them)"  # r11: built before
+    assert r11.unsupported(d64) == "no head_dim 64 variant (issue 8: rungs 11, 12, 13 have them)"  # r11: built before
 
 
 def test_for_shape_sets_the_variant_on_a_copy():
@@ -304,15 +322,15 @@ def test_bench_loop_runs_the_feature_columns(monkeypatch):
     _, rows, _, _ = _feature_run(monkeypatch)
     st = {(r["impl"], r["shape"]): r["status"] for r in rows}
     for s in ("t-causal", "t-gqa", "t-gqa-causal"):
-        assert st[("rung12", s)] == "ok" and st[("sdpa_cudnn", s)] == "ok"
+        assert st[(TOP.key, s)] == "ok" and st[("sdpa_cudnn", s)] == "ok"
     assert st[("rung11", "t-main")] == "ok"
-    assert st[("rung11", "t-causal")] == "skipped: no causal variant (issue 8: only the top rung has them)"
-    assert st[("rung11", "t-gqa")] == "skipped: no grouped-query variant (issue 8: only the top rung has them)"
+    assert st[("rung11", "t-causal")] == f"skipped: no causal variant ({WHO})"
+    assert st[("rung11", "t-gqa")] == f"skipped: no grouped-query variant ({WHO})"
     assert st[("rung11", "t-gqa-causal")].startswith("skipped: no causal or grouped-query variant")
     assert st[("rung99", "t-causal")].startswith("error: wrong result (rel_l2")  # the check knows the mask
     assert st[("rung99", "t-gqa")].startswith("error: ")  # torch refuses 4 query heads on 2 K/V heads
     by = {(r["impl"], r["shape"]): r for r in rows}
-    r = by[("rung12", "t-gqa-causal")]
+    r = by[(TOP.key, "t-gqa-causal")]
     assert (r["heads"], r["heads_kv"], r["causal"]) == (4, 2, True)
     assert r["tflops"] == pytest.approx(shapes.tflops(2 * 4 * 64 * 64 * 128, 2.0))  # the halved count
     # the rungs without the variants are skipped there even when the limits are ignored
@@ -351,16 +369,16 @@ def test_report_puts_the_feature_columns_in_their_own_table(monkeypatch):
     assert "halved for causal" in title and md.index(title) < tables[1]
     assert md[tables[1]] == "| impl | causal (B2 H2 S80) | GQA 4/2 (B1 H4/2 S64) | GQA 4/2 causal (B1 H4/2 S64) |"
     feature_rows = [line for line in md[tables[1] + 2 :] if line.startswith("| ")]
-    assert [line.split(" | ")[0] for line in feature_rows] == ["| 12 wide_tiles", "| 99 blind", "| SDPA cuDNN"]
-    assert feature_rows[0] == "| 12 wide_tiles | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
+    assert [line.split(" | ")[0] for line in feature_rows] == [TOP_ROW, "| 99 blind", "| SDPA cuDNN"]
+    assert feature_rows[0] == f"{TOP_ROW} | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
     foot = [line for line in md[tables[1] :] if "not run here" in line]
-    assert foot == ["- rung11: not run here (no causal or grouped-query variant; issue 8: only the top rung has them)"]
+    assert foot == [f"- rung11: not run here (no causal or grouped-query variant; {WHO})"]
     assert any(line.startswith("- rung99 at causal: error: wrong result") for line in md)
     # the main table's phrase stays "non-causal": the variants are the other table's
     assert "bf16, head_dim 128, non-causal;" in md[2]
     # rung pages and the chart show the main columns only
-    page = report.rung_page_block(doc, 12)
-    assert "causal" not in page and "| **this rung 12** |" in page
+    page = report.rung_page_block(doc, TOP.number)
+    assert "causal" not in page and f"| **this rung {TOP.number}** |" in page
     text = report.console_table(doc)
     assert "Causal and grouped-query attention" in text and "rung11" in text.split("Causal and grouped")[1]
     assert report._chart_columns(doc) == [("t-main", "main")]
@@ -422,9 +440,9 @@ def test_bench_loop_runs_the_head_dim_columns(monkeypatch):
     ]
     st = {(r["impl"], r["shape"]): r["status"] for r in rows}
     for s in sh:
-        assert st[("rung12", s.name)] == "ok" and st[("sdpa_cudnn", s.name)] == "ok"
+        assert st[(TOP.key, s.name)] == "ok" and st[("sdpa_cudnn", s.name)] == "ok"
     assert st[("rung11", "t-main")] == "ok" and st[("rung98", "t-main")] == "ok"  # 1/sqrt(128) is right at 128
-    top_only = "issue 8: only the top rung has them"
+    top_only = WHO
     assert st[("rung11", "t-d64")] == f"skipped: no head_dim 64 variant ({top_only})"
     assert st[("rung11", "t-d64-causal")] == f"skipped: no causal or head_dim 64 variant ({top_only})"
     assert st[("rung11", "t-d256")] == f"skipped: no head_dim 256 variant ({top_only})"
@@ -434,7 +452,7 @@ def test_bench_loop_runs_the_head_dim_columns(monkeypatch):
         assert st[("rung97", name)].startswith("error: wrong result (output shape")
     by = {(r["impl"], r["shape"]): r for r in rows}
     for s in sh:
-        r = by[("rung12", s.name)]
+        r = by[(TOP.key, s.name)]
         assert (r["head_dim"], r["heads"], r["heads_kv"], r["causal"]) == (s.head_dim, s.heads, s.heads, s.causal)
         flops = 4 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim / (2 if s.causal else 1)
         assert r["tflops"] == pytest.approx(flops / 2e-3 / 1e12, rel=1e-5)  # 2 ms a call, the head_dim counted
@@ -443,8 +461,8 @@ def test_bench_loop_runs_the_head_dim_columns(monkeypatch):
 def test_report_shows_the_head_dim_columns(monkeypatch):
     sh, rows, notes, _ = _head_dim_run(monkeypatch)
     gqa = shapes.Shape("t-gqa", "GQA 4/2", 1, 4, 64, 64, heads_kv=2, group="features")
-    rows += [run.make_row(i, gqa, "ok", ms=1.0) for i in ("rung12", "sdpa_cudnn")]
-    rows.append(run.make_row("rung11", gqa, "skipped: no grouped-query variant (issue 8: only the top rung has them)"))
+    rows += [run.make_row(i, gqa, "ok", ms=1.0) for i in (TOP.key, "sdpa_cudnn")]
+    rows.append(run.make_row("rung11", gqa, f"skipped: no grouped-query variant ({WHO})"))
     doc = run.build_results({"device": "NVIDIA H200"}, rows, [*sh, gqa], {"rounds": 3}, notes)
     assert [s["head_dim"] for s in doc["shapes"]] == [128, 64, 64, 256, 256, 128]
     assert {(r["shape"], r["head_dim"]) for r in doc["rows"]} == {(s.name, s.head_dim) for s in [*sh, gqa]}
@@ -462,25 +480,22 @@ def test_report_shows_the_head_dim_columns(monkeypatch):
     assert "head_dim 128;" not in title  # the head_dim-128-only caption of the results without these columns
     feature_rows = [line for line in md[tables[1] + 2 :] if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in feature_rows] == [
-        "| 12 wide_tiles",
+        TOP_ROW,
         "| 97 crop",
         "| 98 fixed scale",
         "| SDPA cuDNN",
     ]
-    assert feature_rows[0] == "| 12 wide_tiles | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
+    assert feature_rows[0] == f"{TOP_ROW} | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
     foot = [line for line in md[tables[1] :] if "not run here" in line]
-    assert foot == [
-        "- rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; "
-        "issue 8: only the top rung has them)"
-    ]
+    assert foot == [f"- rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"]
     for lab in ("d64", "d64 causal", "d256", "d256 causal"):
         assert sum(line.startswith(f"- rung98 at {lab}: error: wrong result (rel_l2") for line in md) == 1
         assert sum(line.startswith(f"- rung97 at {lab}: error: wrong result (output shape") for line in md) == 1
     assert "- rung97 at d64: error: wrong result (output shape (2, 4, 64, 128) != (2, 4, 64, 64))" in md
     # the main table and its caption, the rung pages and the chart keep to the main (head_dim 128) columns
     assert "bf16, head_dim 128, non-causal;" in md[2]
-    page = report.rung_page_block(doc, 12)
-    assert "d64" not in page and "d256" not in page and "| **this rung 12** |" in page
+    page = report.rung_page_block(doc, TOP.number)
+    assert "d64" not in page and "d256" not in page and f"| **this rung {TOP.number}** |" in page
     assert report._chart_columns(doc) == [("t-main", "main")]
     text = report.console_table(doc)
     assert "d64 (B2 H4 S64 D64)" in text and "head_dim 64 and 256" in " ".join(text.split())
@@ -514,18 +529,17 @@ def test_report_of_the_default_feature_columns():
         "8k d256 (B2 H8 S8192 D256) | 8k d256 causal (B2 H8 S8192 D256) |"
     )
     assert [line.split(" | ")[0] for line in md[tables[1] + 2 :] if line.startswith("| ")] == [
-        "| 12 wide_tiles",
+        *(f"| {r.number} {r.name}" for r in FEATURED),
         "| SDPA cuDNN",
     ]
     assert [line for line in md if "not run here" in line] == [
-        "- rung00–rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; "
-        "issue 8: only the top rung has them)"
+        f"- rung00–rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"
     ]
     title = next(line for line in md if line.startswith("**Causal and grouped-query attention, head_dim 64 and 256"))
     assert "; 16 heads where the column gives no dimensions, batch·seqlen = 16384;" in title
     by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
     for name in shapes.FEATURE_ALIASES["hdim"]:  # 1 ms against 1.25 ms, and the FLOPs of fa-8k (halved if causal)
-        r = by[("rung12", name)]
+        r = by[(TOP.key, name)]
         assert r["ratio_to_cudnn"] == 1.25
         flops = shapes.fa_shape(8192).flops / (2 if r["causal"] else 1)
         assert r["tflops"] == pytest.approx(flops / 1e-3 / 1e12, rel=1e-5)  # (rows keep 6 digits)

@@ -234,15 +234,109 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
-    """CAUSAL=GQA=WRITE_LSE=STRIDED=0 spelled out compiles to the very machine code of the plain top rung (what the
-    bench measures): the variants cost the default call nothing."""
+    """CAUSAL=GQA=WRITE_LSE=STRIDED=FP16=0 spelled out compiles to the very machine code of the plain top rung
+    (what the bench measures): the variants cost the default call nothing."""
     import dataclasses
 
     off = dataclasses.replace(
-        rungs.TOP, extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0}
+        rungs.TOP,
+        extra_defines={**rungs.TOP.extra_defines, "CAUSAL": 0, "GQA": 0, "WRITE_LSE": 0, "STRIDED": 0, "FP16": 0},
     )
 
     assert sass_digest(compile_rung(off, "sm_90a").cubin) == sass_digest(compiled[rungs.TOP.key].cubin)
+
+
+# The FP16 variant (fp16 Q, K, V, O) with each feature alone, all of them, the short causal tiles and both
+# other head dims: (causal, gqa, lse, strided, head_dim, seqlen_k)
+FP16_CASES = [
+    (0, 0, 0, 0, 128, None),
+    (1, 0, 0, 0, 128, None),
+    (0, 1, 0, 0, 128, None),
+    (0, 0, 1, 0, 128, None),
+    (0, 0, 0, 1, 128, None),
+    (1, 1, 1, 1, 128, None),
+    (1, 1, 1, 1, 128, 1),
+    (1, 1, 1, 1, 64, None),
+    (1, 1, 1, 1, 256, None),
+    (0, 0, 0, 0, 256, None),
+]
+
+
+FP16_RUNGS = [12, 13]  # the rungs that carry the FP16 variant (13 is rungs.TOP)
+
+
+def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
+    from attnclimb.runtime.launch import feature_variant
+
+    rung = rungs.TOP if number is None else rungs.get(number)
+    return feature_variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, fp16)
+
+
+def _shift_and_vote(text):
+    """The fp16-P shift's instructions in SASS (softmax.cuh, "fp16 P"): (FRND.CEIL count: k = ceil(e), per
+    row and tile and in the LSE epilogue; VOTE.ANY count: the warp-uniform slow-path branch, __any_sync)."""
+    return len(re.findall(r"\bFRND\.CEIL\b", text)), len(re.findall(r"\bVOTE\.ANY\b", text))
+
+
+@pytest.mark.parametrize("number", FP16_RUNGS)
+@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: "fp16-" + "".join(map(str, c[:4])) + f"-d{c[4]}-k{c[5]}")
+def test_top_rung_fp16_variants_compile(case, number):
+    """The FP16 variants of rungs 12 and 13 build for sm_90a without spills or local memory, within the
+    setmaxnreg pool, and run both wgmmas on fp16 operands (SASS HGMMA without the .BF16 type of the bf16
+    build) with P packed by F2FP.F16 (cvt.rn.f16x2.f32), never by the bf16 pack; the per-row shift of fp16 P
+    (FRND.CEIL) and its warp vote (VOTE.ANY) are there (their absence from the bf16 builds: below)."""
+    r = _fp16_variant(*case, number=number)
+    assert r.defines()["FP16"] == 1 and r.head_dim == case[4] and r.number == number
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert res.registers == launch_regs(r.threads)
+        assert r.smem_bytes + res.static_smem <= 227 * 1024
+    if find_cuobjdump() is not None:
+        text = sass(c.cubin)
+        assert not re.search(r"\b(LDL|STL)\b", text)
+        for mnemonic in rungs.get(number).sass_required:
+            assert re.search(rf"\b{mnemonic}\b", text)
+        hgmma = re.findall(r"HGMMA\.64x\d+x16\.F32\S*", text)
+        assert hgmma and all(h.endswith(".F32") for h in hgmma), sorted(set(hgmma))  # fp16 A and B
+        assert "F2FP.F16.F32.PACK_AB" in text and "F2FP.BF16" not in text
+        frnd, vote = _shift_and_vote(text)
+        assert frnd >= 1 and vote >= 1, (frnd, vote)
+
+
+# (causal, gqa, lse, strided): plain, the LSE alone, and all four features
+SHIFT_CASES = [(0, 0, 0, 0), (0, 0, 1, 0), (1, 1, 1, 1)]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("number", FP16_RUNGS)
+def test_fp16_shift_and_vote_are_the_fp16_variants_own(number):
+    """FRND.CEIL (k = ceil(e)) and VOTE.ANY (the __any_sync over k != 0) appear in the fp16 builds of rungs 12
+    and 13 and in no bf16 build of the same variant, so a kernel that drops the shift or the vote fails here
+    (the CPU model's tests show what the shift is for). With WRITE_LSE the epilogue's own k adds FRND.CEILs
+    (NVRTC 13.0: 4 → 6; the vote stays at 2), so an LSE without k fails too."""
+    counts = {}
+    for feats in SHIFT_CASES:
+        for fp16 in (False, True):
+            r = _fp16_variant(*feats, 128, None, number=number, fp16=fp16)
+            assert r.defines().get("FP16", 0) == int(fp16)
+            counts[feats, fp16] = _shift_and_vote(sass(compile_rung(r, "sm_90a").cubin))
+    for feats in SHIFT_CASES:
+        assert counts[feats, False] == (0, 0), (feats, counts[feats, False])  # bf16: no shift, no vote
+        frnd, vote = counts[feats, True]
+        assert frnd >= 2 and vote >= 1, (feats, counts[feats, True])
+    plain, lse = counts[(0, 0, 0, 0), True][0], counts[(0, 0, 1, 0), True][0]
+    assert lse > plain, counts  # the LSE epilogue's k = ceil(fma(m, mul, −R))
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_bf16_top_rung_wgmmas_are_bf16(compiled):
+    """The converse of the FP16 check above: the bf16 top rung's HGMMAs all carry .BF16 (so that the check can
+    tell them apart) and it packs P with F2FP.BF16."""
+    text = sass(compiled[rungs.TOP.key].cubin)
+    hgmma = re.findall(r"HGMMA\.64x\d+x16\.F32\S*", text)
+    assert hgmma and all(h.endswith(".BF16") for h in hgmma)
+    assert "F2FP.BF16.F32.PACK_AB" in text and "F2FP.F16" not in text
 
 
 def test_feature_variant_refuses_missing_features():
@@ -259,6 +353,11 @@ def test_feature_variant_refuses_missing_features():
     assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
     with pytest.raises(ValueError, match="causal"):
         feature_variant(rungs.get(11), True, False, False)
+    with pytest.raises(ValueError, match="fp16"):  # the lower rungs stay bf16-only
+        feature_variant(rungs.get(11), False, False, False, fp16=True)
+    fp16 = feature_variant(rungs.TOP, False, False, False, fp16=True)
+    assert fp16 is feature_variant(rungs.TOP, False, False, False, fp16=True) and fp16.defines()["FP16"] == 1
+    assert "FP16" not in feature_variant(rungs.TOP, True, False, False).defines()  # bf16 keys stay as they were
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])
@@ -288,6 +387,8 @@ def _overlap_cases():
     cases.append(("top-causal-gqa-strided", feature_variant(top, True, True, True, True)))
     cases.append(("top-causal-short", feature_variant(top, True, False, False, seqlen_k=1)))
     cases += [(f"top-hd{d}", feature_variant(top, False, False, False, head_dim=d)) for d in top.head_dims]
+    cases.append(("top-fp16", feature_variant(top, False, False, False, fp16=True)))
+    cases.append(("top-fp16-causal-gqa-lse-strided", feature_variant(top, True, True, True, True, fp16=True)))
     return cases
 
 
@@ -307,3 +408,39 @@ def test_softmax_runs_under_the_pv_wgmma(case):
         assert "gsb0, 0x0" in lines[j]
         ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
         assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"
+
+
+_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)([^;]*);")
+
+
+def _steady_loop(text: str) -> list:
+    """The opcodes of the innermost loop around the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``): the
+    shortest backward branch that jumps over it."""
+    insns = [(int(m[1], 16), m[2], m[3]) for ln in text.splitlines() if (m := _INSN.match(ln))]
+    wait = next(a for a, op, rest in insns if op == "WARPGROUP" and "gsb0, 0x1" in rest)
+    spans = []
+    for a, op, rest in insns:
+        t = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if t and int(t[1], 16) < wait < a:
+            spans.append((a - int(t[1], 16), int(t[1], 16), a))
+    _, lo, hi = min(spans)
+    return [op for a, op, _ in insns if lo <= a <= hi]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung13_steady_loop_counts_match_its_figure(compiled):
+    """Rung 13's budget figure quotes the steady loop's SASS of rungs 12 and 13 (figures/late.py LOOP_SASS):
+    recounted here, so that a change of either kernel or of the compiler shows up as a stale figure."""
+    from collections import Counter
+
+    from attnclimb.figures.late import LOOP_SASS
+    from attnclimb.runtime.compiler import nvrtc_version
+
+    # the counts are those of NVRTC 13.0 (the device's toolchain and CI's oldest); another ptxas schedules
+    # the loop a little differently (CI's newest 13.x: +1 UIADD3, -2 ULEA, ...), so it is not compared there
+    if tuple(nvrtc_version()[:2]) != (13, 0):
+        pytest.skip(f"LOOP_SASS was counted with NVRTC 13.0, this is {nvrtc_version()}")
+    for number, want in LOOP_SASS.items():
+        ops = _steady_loop(sass(compiled[rungs.get(number).key].cubin))
+        got = Counter(ops)
+        assert {k: got[k] for k in want if k != "total"} | {"total": len(ops)} == want, number

@@ -116,7 +116,7 @@ def test_each_reason(hopper, case, key):
     mode = FakeTensorMode()
     with mode:
         q, k, v = (torch.empty(*shapes[n], dtype=dtype[n], device="cuda") for n in "qkv")
-    if key in ("is_causal", "gqa"):  # the top rung has these variants; the rungs below do not
+    if key in ("is_causal", "gqa") or case == "fp16":  # the top rung has these variants; the rungs below do not
         assert support.unsupported_reason(q, k, v, **kw) is None
         kw["features"] = support.FEATURES_BY_RUNG[11]
     why = support.unsupported_reason(q, k, v, **kw)
@@ -209,7 +209,7 @@ def test_features_table_decides(hopper):
     assert support.unsupported_reason(q, q, q, is_causal=True, features=more) is None
     assert support.unsupported_reason(q, k, k, enable_gqa=True, features=more) is None
     _, (h, g) = _fake_cuda((1, 4, 8, 64), (1, 4, 8, 64), dtype=torch.float16)
-    assert support.unsupported_reason(h, g, g).key == "dtype"
+    assert support.unsupported_reason(h, g, g, features=plain).key == "dtype"
     assert support.unsupported_reason(h, g, g, features=more) is None
 
 
@@ -225,7 +225,9 @@ def test_features_per_rung_come_from_the_rung(hopper):
     for r in rungs.RUNGS:
         f = support.FEATURES_BY_RUNG[r.number]
         assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
-        assert f.dtypes == support.BASE.dtypes
+        # fp16 is the FP16 variant of rungs 12 and 13 ("fp16" in their features); every other rung is bf16 only
+        assert f.dtypes == (support.BASE.dtypes | {torch.float16} if "fp16" in r.features else support.BASE.dtypes)
+        assert ("fp16" in r.features) == (r.number >= 12)
         assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
     _, (q, k, k1) = _fake_cuda((2, 8, 16, 128), (2, 2, 24, 128), (2, 1, 24, 128))
     low = support.FEATURES_BY_RUNG[10]
@@ -233,7 +235,8 @@ def test_features_per_rung_come_from_the_rung(hopper):
         for causal in (False, True):
             assert support.unsupported_reason(q, kv, kv, is_causal=causal, enable_gqa=True, return_lse=True) is None
     why = support.unsupported_reason(q, q, q, is_causal=True, features=low)
-    assert why.key == "is_causal" and "rung 10 (pingpong)" in why.message and f"rung {top.number} has it" in why.message
+    assert why.key == "is_causal" and "rung 10 (pingpong)" in why.message
+    assert f"rungs 12, {top.number} have it" in why.message
     why = support.unsupported_reason(q, k, k, enable_gqa=True, features=low)
     assert why.key == "gqa" and "8 query heads, 2 key/value heads" in why.message and "rung 10" in why.message
     assert support.unsupported_reason(q, q, q, features=low, return_lse=True).key == "return_lse"
@@ -293,7 +296,7 @@ def test_fallback_equals_torch(shapes, kw):
 
 
 def test_one_warning_per_reason():
-    q32, q16, qcpu = _t(1, 1, 4, 128, dtype=torch.float32), _t(1, 1, 4, 128, dtype=torch.float16), _t(1, 1, 4, 128)
+    q32, q16, qcpu = _t(1, 1, 4, 128, dtype=torch.float32), _t(1, 1, 4, 128, dtype=torch.float64), _t(1, 1, 4, 128)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -305,7 +308,7 @@ def test_one_warning_per_reason():
     msgs = [str(x.message) for x in w]
     assert len(msgs) == 4, msgs
     assert all(x.category is attnclimb.AttnclimbFallbackWarning for x in w)
-    assert "torch.float32" in msgs[0] and "torch.float16" in msgs[1] and "cpu" in msgs[2] and "dropout" in msgs[3]
+    assert "torch.float32" in msgs[0] and "torch.float64" in msgs[1] and "cpu" in msgs[2] and "dropout" in msgs[3]
     sdpa.reset_fallback_warnings()
     with pytest.warns(attnclimb.AttnclimbFallbackWarning, match="float32"):
         attnclimb.scaled_dot_product_attention(q32, q32, q32)
@@ -646,13 +649,43 @@ def test_tensor_map_cache_keys_on_head_dim(monkeypatch):
     from attnclimb.runtime import launch
 
     monkeypatch.setattr(launch, "_TMAP_CACHE", {})
-    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    monkeypatch.setattr(
+        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+    )
     buf = torch.empty(2 * 300 * 256, dtype=BF16)
     maps = {d: launch._tensor_map_of(buf[: 600 * d].view(1, 2, 300, d), 2, 300, 128, 0) for d in (128, 64, 256)}
     assert maps[128] is not maps[64]
     assert maps[128][2:4] == ((2, 300, 128), (300 * 128, 128, 1))
     assert maps[64][2:4] == ((2, 300, 64), (300 * 64, 64, 1))
     assert launch._tensor_map_of(buf[: 600 * 64].view(1, 2, 300, 64), 2, 300, 128, 0) is maps[64]  # a hit
+
+
+def test_tensor_map_cache_keys_on_dtype(monkeypatch):
+    """An fp16 tensor in the memory of a freed bf16 one of the same shape gets a fresh map that declares fp16
+    elements (TensorMapDataType.FLOAT16), 3-D and 4-D alike; the bf16 map is still served to bf16."""
+    from attnclimb.runtime import launch
+
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(
+        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+    )
+    buf = torch.empty(2 * 300 * 128, dtype=BF16)
+    bf = buf.view(1, 2, 300, 128)
+    half = buf.view(torch.float16).view(1, 2, 300, 128)
+    assert bf.data_ptr() == half.data_ptr()
+    m_bf, m_half = launch._tensor_map_of(bf, 2, 300, 128, 0), launch._tensor_map_of(half, 2, 300, 128, 0)
+    assert m_bf[-1] is False and m_half[-1] is True and m_bf[:-1] == m_half[:-1]
+    assert launch._tensor_map_of(bf, 2, 300, 128, 0) is m_bf
+    views = (bf.transpose(1, 2).transpose(1, 2), half.transpose(1, 2).transpose(1, 2))
+    t_bf, t_half = (launch._tensor_map_4d(t, 128, 0) for t in views)
+    assert t_bf[-1] is False and t_half[-1] is True
+    # and run_rung's variant: fp16 inputs compile the top rung with FP16=1, bf16 ones run the rung itself
+    top = rungs.TOP
+    assert launch._checked_variant(top, bf, bf, bf, bf.clone(), False, None) == (top, False)
+    v16, strided = launch._checked_variant(top, half, half, half, half.clone(), False, None)
+    assert v16.defines()["FP16"] == 1 and not strided
+    with pytest.raises(ValueError, match="fp16"):
+        launch._checked_variant(rungs.get(11), half, half, half, half.clone(), False, None)
 
 
 def _recording_launch(monkeypatch, rung):
@@ -680,7 +713,9 @@ def _recording_launch(monkeypatch, rung):
     monkeypatch.setattr(launch, "loaded", FakeLoaded)
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
-    monkeypatch.setattr(launch, "_encode_map", lambda ptr, shape, strides, box: ("map", ptr, shape, strides, box))
+    monkeypatch.setattr(
+        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+    )
     return calls
 
 
@@ -711,7 +746,7 @@ def test_run_rung_plans_once_per_signature(monkeypatch):
         lambda: launch.run_rung(top, q[:, :, :32], k, v, o1[:, :, :32], 0.25),  # shape
         lambda: launch.run_rung(top, buf.transpose(1, 2), k, v, o1, 0.25),  # strides (a BSHD view)
         lambda: launch.run_rung(top, q.clone(), k, v, o1, 0.25),  # address
-        lambda: launch.run_rung(top, q.to(torch.float16), k.to(torch.float16), v.to(torch.float16), o1, 0.25),
+        lambda: launch.run_rung(top, *(t.to(torch.float16) for t in (q, k, v, o1)), 0.25),  # dtype
         lambda: launch.run_rung(top, q, k, v, o1, 0.5),  # scale
         lambda: launch.run_rung(top, q, k, v, o1, 0.25, causal=True),
         lambda: launch.run_rung(top, q, k, v, o1, 0.25, lse=lse),
@@ -720,6 +755,7 @@ def test_run_rung_plans_once_per_signature(monkeypatch):
     for i, call in enumerate(changed):
         call()
         assert len(planned) == 2 + i
+    assert all(m[-1] is True for m in calls[5][-1][:3]) and all(m[-1] is False for m in calls[0][-1][:3])  # fp16 maps
     assert calls[-2][-1][11] == lse.data_ptr()  # the LSE's address, per call
     keys = {launch._plan_key(top, dev, q, k, v, o1, 0.25, False, None) for dev in (None, 0, 1)}
     assert len(keys) == 3  # each device its own plan
@@ -732,6 +768,8 @@ def test_run_rung_plans_once_per_signature(monkeypatch):
         launch.run_rung(top, q, k, v, o_bad, 0.25)
     with pytest.raises(ValueError, match="every size"):
         launch.run_rung(top, q[:, :, :0], k, v, o1[:, :, :0], 0.25)
+    with pytest.raises(ValueError, match="one dtype"):
+        launch.run_rung(top, q.to(torch.float16), k, v, o1, 0.25)
     # bounded, oldest first
     monkeypatch.setattr(launch, "_PLANS_SIZE", 3)
     launch._PLANS.clear()
@@ -858,9 +896,9 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     assert out.is_contiguous() and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("rung", [12, 9])
+@pytest.mark.parametrize("rung", [13, 12, 9])
 def test_forward_reads_tma_layouts_in_place_on_strided_rungs(monkeypatch, rung):
-    """One launch on a rung with the "strided" feature (the top rung): a BSHD view and a fused-QKV slice
+    """One launch on a rung with the "strided" feature (rungs 12 and 13): a BSHD view and a fused-QKV slice
     reach the kernel as they are (no copy), an unaligned one is copied; other rungs get contiguous copies."""
     import contextlib
 

@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnclimb
 from attnclimb import rungs, sdpa
-from attnclimb.reference import attention_exact, rel_l2
+from attnclimb.reference import attention_exact, lse_exact, rel_l2
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -75,7 +75,6 @@ def test_sdpa_on_bshd_and_fused_qkv_views():
 @pytest.mark.parametrize(
     "case,key",
     [
-        ("fp16", "dtype"),
         ("fp32", "dtype"),
         ("head_dim96", "head_dim"),
         ("mask", "attn_mask"),
@@ -83,7 +82,8 @@ def test_sdpa_on_bshd_and_fused_qkv_views():
     ],
 )
 def test_fallbacks_on_gpu(case, key):
-    """(Causal and GQA run the top rung's variants since issue 8: tests/test_features_api_gpu.py.)"""
+    """(Causal and GQA run the top rung's variants since issue 8: tests/test_features_api_gpu.py; fp16 its FP16
+    variant: test_sdpa_fp16_runs_on_the_kernel.)"""
     dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(case, BF16)
     d = 96 if case == "head_dim96" else 128  # 64 and 256 run on the kernel since issue 8
     q, k, v = _qkv(2, 4, 100, 120, d, dtype=dtype)
@@ -105,6 +105,53 @@ def test_fallbacks_on_gpu(case, key):
     with pytest.raises(attnclimb.KernelUnsupportedError) as exc:
         attnclimb.scaled_dot_product_attention(q, k, v, **kw, strict=True)
     assert exc.value.reason.key == key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hk", [4, 1])
+def test_sdpa_fp16_runs_on_the_kernel(causal, hk):
+    """fp16 Q, K, V run the top rung's FP16 variant (no fallback): fp16 O, fp32 LSE, against float64 and torch's
+    own fp16 SDPA; a BSHD view and torch.compile(fullgraph=True) give the same bits."""
+    f16 = torch.float16
+    q, k, v = _qkv(2, 4, 257, 300, dtype=f16, hk=hk, seed=4)
+    gqa = hk != q.shape[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", attnclimb.AttnclimbFallbackWarning)
+        out = attnclimb.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, strict=True)
+        o2, lse = attnclimb.attention(q, k, v, is_causal=causal, return_lse=True)
+        view = attnclimb.scaled_dot_product_attention(
+            q.transpose(1, 2).contiguous().transpose(1, 2), k, v, is_causal=causal, enable_gqa=gqa
+        )
+    assert out.dtype == f16 and out.shape == q.shape and out.is_contiguous()
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    assert torch.equal(out, o2) and torch.equal(out, view)
+    assert rel_l2(out, attention_exact(q, k, v, causal=causal)) < 3e-3
+    assert (lse.double() - lse_exact(q, k, causal=causal)).abs().max().item() < 1e-3
+    assert rel_l2(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa).float()) < 1e-2
+    torch._dynamo.reset()
+    f = torch.compile(
+        lambda a, b, c: attnclimb.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=gqa),
+        fullgraph=True,
+    )
+    assert torch.equal(f(q, k, v), out)
+
+
+def test_mixed_dtypes_are_refused_like_torch():
+    """q fp16 with bf16 k, v: torch's SDPA raises, and so does the drop-in (its fallback is torch's SDPA);
+    strict names the reason, attnclimb.attention raises TypeError."""
+    q, _, _ = _qkv(1, 2, 64, 64, dtype=torch.float16)
+    _, k, v = _qkv(1, 2, 64, 64)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", attnclimb.AttnclimbFallbackWarning)
+        with pytest.raises(RuntimeError):
+            attnclimb.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(attnclimb.KernelUnsupportedError) as exc:
+        attnclimb.scaled_dot_product_attention(q, k, v, strict=True)
+    assert exc.value.reason.key == "dtype" and exc.value.reason.detail == "mixed"
+    with pytest.raises(TypeError, match="different dtypes"):
+        attnclimb.attention(q, k, v)
 
 
 def test_patch_sdpa_routes_to_the_kernel():

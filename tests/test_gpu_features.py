@@ -19,12 +19,13 @@ pytestmark = pytest.mark.gpu
 TOP = rungs.TOP
 
 
-def run_features(q, k, v, scale=None, causal=False, with_lse=False):
-    """Run the top rung with the requested features into NaN-poisoned outputs; return (o, lse or None)."""
+def run_features(q, k, v, scale=None, causal=False, with_lse=False, rung=TOP):
+    """Run ``rung`` (the top rung unless given) with the requested features into NaN-poisoned outputs; return
+    (o, lse or None)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     o = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32) if with_lse else None
-    run_rung(TOP, q, k, v, o, scale, causal=causal, lse=lse)
+    run_rung(rung, q, k, v, o, scale, causal=causal, lse=lse)
     torch.cuda.synchronize()
     assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} output elements unwritten or NaN"
     if lse is not None:
@@ -224,3 +225,201 @@ def test_unsupported_head_dim_is_refused():
     q = torch.zeros(1, 1, 64, 96, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim 96"):
         run_rung(TOP, q, q, q, torch.empty_like(q), 1.0)
+
+
+# ---------------------------------------------------------------- fp16 (the FP16 variant)
+
+F16 = torch.float16
+TOL16 = 3e-3  # fp16 inputs, P and O (11-bit significands): rel. L2 ~3e-4 on these inputs; bf16 P would be ~2e-3+
+
+
+def _randn_f16(*shape, g, scale=1.0):
+    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(F16)
+
+
+def _f16_qkv(b, h, hk, sq, sk, d=128, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return _randn_f16(b, h, sq, d, g=g), _randn_f16(b, hk, sk, d, g=g), _randn_f16(b, hk, sk, d, g=g)
+
+
+def _check_f16(o, q, k, v, sc, causal, lse=None, tol=TOL16):
+    assert o.dtype == F16
+    err = rel_l2(o, attention_exact(q, k, v, sc, causal=causal))
+    assert err <= tol, f"rel L2 {err:.3e}"
+    if lse is not None:
+        assert lse.dtype == torch.float32
+        check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
+
+
+F16_SHAPES = [
+    (1, 2, 1, 1),
+    (1, 2, 1, 1000),
+    (2, 3, 1000, 1000),
+    (1, 2, 1000, 129),
+    (1, 2, 129, 1000),
+    (3, 40, 700, 700),
+]
+
+
+@pytest.mark.parametrize("shape", F16_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_lse", [False, True])
+def test_fp16_matches_float64(shape, causal, with_lse):
+    """fp16 Q, K, V (the FP16 variant: fp16 wgmmas, fp16 P, fp16 O), plain and causal (Sq = 1, Sq != Sk, many
+    work tiles), with and without the LSE, NaN-poisoned outputs, against float64."""
+    b, h, sq, sk = shape
+    q, k, v = _f16_qkv(b, h, h, sq, sk, seed=sq + sk + causal)
+    sc = 1 / math.sqrt(128)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=with_lse)
+    _check_f16(o, q, k, v, sc, causal, lse)
+
+
+@pytest.mark.parametrize("heads_kv", [1, 2, 4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp16_gqa(heads_kv, causal):
+    q, k, v = _f16_qkv(2, 8, heads_kv, 600, 900, seed=heads_kv)
+    o, lse = run_features(q, k, v, causal=causal, with_lse=True)
+    _check_f16(o, q, k, v, 1 / math.sqrt(128), causal, lse)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1)])
+def test_fp16_head_dims(head_dim, causal, shape):
+    b, h, sq, sk = shape
+    q, k, v = _f16_qkv(b, h, h, sq, sk, d=head_dim, seed=head_dim)
+    sc = 1 / math.sqrt(head_dim)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+    _check_f16(o, q, k, v, sc, causal, lse)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_kv", [4, 1])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp16_strided_bshd_views(causal, heads_kv, head_dim):
+    """fp16 BSHD views read in place through 4-D tensor maps of FLOAT16 elements, O written into a BSHD view."""
+    g = torch.Generator(device="cuda").manual_seed(21 + heads_kv)
+    b, h, sq, sk = 2, 4, 777, 1000
+    q = _randn_f16(b, sq, h, head_dim, g=g).transpose(1, 2)
+    k, v = (_randn_f16(b, sk, heads_kv, head_dim, g=g).transpose(1, 2) for _ in range(2))
+    o_buf = torch.full((b, sq, h + 1, head_dim), float("nan"), device="cuda", dtype=F16)
+    o = o_buf[:, :, :h].transpose(1, 2)
+    sc = 1 / math.sqrt(head_dim)
+    run_rung(TOP, q, k, v, o, sc, causal=causal)
+    torch.cuda.synchronize()
+    assert torch.isnan(o_buf[:, :, h]).all(), "the kernel wrote outside O's view"
+    assert not torch.isnan(o).any()
+    _check_f16(o, q, k, v, sc, causal)
+
+
+def test_fp16_and_bf16_on_recycled_memory():
+    """The tensor-map cache keys on the dtype: fp16 tensors in the very memory of bf16 ones of the same shape
+    (and back) get maps of their own element type (a stale BFLOAT16 map would decode fp16 bits as bf16)."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    buf = torch.empty(3, 2 * 4 * 500 * 128, device="cuda", dtype=F16)
+    for dtype in (torch.bfloat16, F16, torch.bfloat16, F16):
+        q, k, v = (buf[i].view(dtype).view(2, 4, 500, 128) for i in range(3))
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g, device="cuda"))
+        o, lse = run_features(q, k, v, with_lse=True)
+        assert o.dtype == dtype
+        assert rel_l2(o, attention_exact(q, k, v)) <= (TOL16 if dtype == F16 else TOL), dtype
+        check_lse(lse, lse_exact(q, k), _bound(q, k, 1 / math.sqrt(128)))
+
+
+def test_fp16_values_near_the_fp16_limit():
+    """Q, K, V near ±60000: scores up to 4·60000² (Q has 4 nonzero columns, so that every partial sum is exact
+    in fp32 in any order and ties stay ties), with several scales: hard rows of ties at the max (1/sqrt(128),
+    -0.5) and soft rows 5.2 units apart (1e-9); O in V's range, the LSE finite and right."""
+    g = torch.Generator(device="cuda").manual_seed(8)
+    b, h, sq, sk = 1, 4, 300, 500
+    q = (torch.randint(-1, 2, (b, h, sq, 128), generator=g, device="cuda") * 60000.0).to(F16)
+    q[..., 4:] = 0
+    k = (torch.randint(-1, 2, (b, h, sk, 128), generator=g, device="cuda") * 60000.0).to(F16)
+    v = ((torch.rand(b, h, sk, 128, generator=g, device="cuda") * 2 - 1) * 60000.0).to(F16)
+    for sc in (1 / math.sqrt(128), 1e-9, -0.5):
+        for causal in (False, True):
+            o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+            assert torch.isfinite(o).all()
+            _check_f16(o, q, k, v, sc, causal, lse)
+
+
+def test_fp16_output_at_fp16_max_stays_finite():
+    """V = 65504 (fp16's largest finite) everywhere: O is exactly that. The fp16-rounded P (2^-c just above a
+    rounding midpoint, tests/test_reference_cpu.py) push Σ P·V / l past 65520, where the fp16 store would give
+    inf without the epilogue's clamp to ±65504."""
+    from test_reference_cpu import _overshoot_inputs
+
+    q, k, v, sc = (t.cuda() if torch.is_tensor(t) else t for t in _overshoot_inputs())
+    o, _ = run_features(q, k, v, scale=sc)
+    assert torch.isfinite(o).all() and bool((o == 65504).all())
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["soft", "ties"])
+@pytest.mark.parametrize("log2_mc", [24, 25, 27, 28, 29])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp16_soft_row_edge(log2_mc, ties, causal):
+    """Logits with |max·c| just above 2^24 .. 2^29 (both signs; near-constant rows and rows of ties): rows
+    whose P a bare fp16 switch would flush to 0 entirely (k <= -25, checked) come out right, with no zero row,
+    and the LSE includes the shift."""
+    from test_reference_cpu import _fp16_edge_inputs, _row_facts
+
+    q, k, v, sc = _fp16_edge_inputs(log2_mc, "above", ties, seed=log2_mc, seqlen_k=1000, seqlen_q=256, device="cuda")
+    _, hard, shift = _row_facts(q, k, sc)
+    if log2_mc >= 28:
+        assert bool((shift <= -25).any()) and not bool(hard.all())  # the rows the fix is for are there
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
+    assert bool((o.double().abs().amax(-1) > 0).all()), "a row came out all zero"
+    _check_f16(o, q, k, v, sc, causal, lse)
+    if not causal:  # ln 2·(R + k) + ln l: within ~half an fp32 ulp; without k up to 1.4 ulp off (CPU model)
+        ref = lse_exact(q, k, sc)
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs())) - 23)
+        assert ((lse.double() - ref).abs() / ulp).max().item() < 0.75
+
+
+@pytest.mark.parametrize("log2_mc", [25, 27, 28, 29])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("number", [12, 13])
+def test_fp16_shift_changes_across_tiles(number, causal, log2_mc):
+    """Keys sorted ascending by K's last column (_fp16_rising_inputs, built on the CPU so that the checked
+    facts are those of these very inputs): the running max of hundreds of rows grows across K/V tiles and
+    their shift k changes between tiles, with alpha < 1 rescales (checked with the model for the variant's
+    tile width; the unsorted edge inputs above never change k). Rungs 12 and 13, plain and causal, with the
+    LSE, against float64: no zero row, O within fp16's tolerance, the LSE within the usual bound and, without
+    the mask, within 0.75 fp32 ulp (the CPU model: tests/test_reference_cpu.py)."""
+    from test_reference_cpu import _fp16_rising_inputs, _tile_shifts
+
+    rung = rungs.get(number)
+    q, k, v, sc = _fp16_rising_inputs(log2_mc, seed=log2_mc, seqlen_q=1000, seqlen_k=1000)
+    block_n = feature_variant(rung, causal, False, True, False, 128, k.shape[2], True).block_n
+    changed, rescales = _tile_shifts(q, k, sc, block_n, causal=causal)
+    assert changed >= 200 and rescales >= 500, (changed, rescales)  # k changes across tiles on many rows
+    q, k, v = (t.cuda() for t in (q, k, v))
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True, rung=rung)
+    assert bool((o.double().abs().amax(-1) > 0).all()), "a row came out all zero"
+    _check_f16(o, q, k, v, sc, causal, lse, tol=1e-3)
+    if not causal:
+        ref = lse_exact(q, k, sc)
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs())) - 23)
+        assert ((lse.double() - ref).abs() / ulp).max().item() < 0.75
+
+
+RUNG12_SHAPES = [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1), (3, 40, 700, 700)]
+
+
+@pytest.mark.parametrize(("causal", "with_lse"), [(False, False), (True, True)], ids=["plain", "causal-lse"])
+@pytest.mark.parametrize("shape", RUNG12_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp16_rung12_smoke(shape, causal, with_lse):
+    """Rung 12's FP16 variant (the top rung's is tested above): fp16 Q, K, V at rung=12 through the public
+    attnclimb.attention, plain and causal with the LSE, against float64; and run_rung on rungs.get(12) into
+    NaN-poisoned outputs."""
+    import attnclimb
+
+    b, h, sq, sk = shape
+    q, k, v = _f16_qkv(b, h, h, sq, sk, seed=12 + sq + causal)
+    sc = 1 / math.sqrt(128)
+    res = attnclimb.attention(q, k, v, rung=12, scale=sc, is_causal=causal, return_lse=with_lse)
+    o, lse = res if with_lse else (res, None)
+    _check_f16(o, q, k, v, sc, causal, lse)
+    o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=with_lse, rung=rungs.get(12))
+    _check_f16(o, q, k, v, sc, causal, lse)

@@ -211,3 +211,241 @@ def test_kernel_lse_soft_and_hard_rows(p, scale, hard):
     assert bool((row_multiplier_fp32(m, c) != c).all()) == hard  # the case exercises the branch it names
     ref = lse_exact(q, k, scale)
     assert ((lse - ref).abs() / ref.abs().clamp(min=1.0)).max().item() < 1e-6
+
+
+# ---- the top rung's FP16 variant: fp16 P needs the per-row shift of softmax.cuh ("fp16 P") ----
+
+F16 = torch.float16
+
+
+def _fp16_edge_inputs(log2_mc, side, ties, seed=0, seqlen_k=600, scale0=INV_SQRT_D, seqlen_q=8, device="cpu"):
+    """fp16 far-offset inputs (both signs) whose row maxima put |max·c| just below or above 2^log2_mc: the
+    offset p of far_offset_inputs for ``scale0``, then a scale that puts 127·2^p·c at 2^log2_mc·(1 ∓ 2^-8)."""
+    p = min(_reference.far_offset_log2(scale0, log2_mc), 30)  # fp16 holds Q and K columns up to 2^15
+    scale = 2.0**log2_mc * (1 - 2**-8 if side == "below" else 1 + 2**-8) / (127 * 2.0**p * LOG2E)
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = far_offset_inputs(1, seqlen_q, seqlen_k, p, scale, ties=ties, generator=g, dtype=F16, device=device)
+    return q, k, v, scale
+
+
+def _row_facts(q, k, scale):
+    """Per row: |max·c| (float64), whether it is a hard row (mul != c), and the shift k of its final max."""
+    q, k = q.cpu(), k.cpu()
+    m = torch.matmul(q.double(), k.double().transpose(-1, -2)).amax(-1, keepdim=True).float()
+    c = torch.tensor(scale, dtype=F32) * torch.tensor(LOG2E, dtype=F32)
+    _, mul, _, _, shift = online_rescale_fp32(torch.full_like(m, ROW_MAX_INIT), torch.zeros_like(m), m, c, shift=True)
+    return (m.double() * c.double()).abs(), mul != c, shift
+
+
+def _unshifted(monkeypatch):
+    """The FP16 model without the fix: P rounded to fp16 straight from 2^(s·c − R), as a bare dtype switch."""
+    monkeypatch.setattr(_reference, "p_shift_fp32", torch.zeros_like)
+
+
+EDGES = [(x, side) for x in (24, 25, 27, 28, 29, 30) for side in ("below", "above")]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["soft", "ties"])
+@pytest.mark.parametrize(("log2_mc", "side"), EDGES, ids=[f"2^{x}-{s}" for x, s in EDGES])
+def test_fp16_model_soft_row_edges(log2_mc, side, ties, monkeypatch):
+    """fp16 P at |max·c| around 2^24 .. 2^30, near-constant rows (scores a unit or two apart) and rows of ties,
+    both signs of the offset: the shifted model is within fp16's tolerance everywhere, with no zero row.
+    Without the shift, rows with e < −24 lose every P (O = 0 while l > 0) from 2^28 on, which this test
+    shows, so it can fail; below 2^24 the shift is 0 on every row and the two models agree bit for bit, and
+    on hard rows (mul < c, e = 0) the shift is 0 too."""
+    q, k, v, scale = _fp16_edge_inputs(log2_mc, side, ties)
+    mc, hard, shift = _row_facts(q, k, scale)
+    assert bool(((mc < 2.0**log2_mc) if side == "below" else (mc >= 2.0**log2_mc)).all())  # the edge it names
+    ref = attention_exact(q, k, v, scale)
+    out = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16)
+    assert out.dtype == F16
+    assert rel_l2(out, ref) < 3e-3
+    assert bool((out.double().abs().amax(-1) > 0).all())  # no row flushed to zero
+    _unshifted(monkeypatch)
+    bare = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16)
+    if bool((mc < 2.0**24).all()) or bool(hard.all()):
+        assert bool((shift == 0).all()) and torch.equal(bare, out)  # the fix is a no-op there
+    if 2.0**log2_mc * (1 if side == "above" else 0.5) >= 2.0**28 and not bool(hard.all()):
+        assert bool((shift <= -25).any())  # rows whose every P leaves fp16's range unshifted ...
+        assert rel_l2(bare, ref) > 0.1  # ... and the bare dtype switch fails on them
+        assert bool((bare.double().abs().amax(-1) == 0).any())
+
+
+@pytest.mark.parametrize("log2_mc", [24, 25, 26, 28, 29])
+def test_fp16_model_lse_carries_the_shift(log2_mc, monkeypatch):
+    """With WRITE_LSE the FP16 variant's LSE is ln 2·(R + k) + ln l: within half an fp32 ulp of float64 (plus
+    rounding) on rows just above 2^log2_mc; the same epilogue without k is off by up to |k|·ln 2, over an ulp."""
+    q, k, v, scale = _fp16_edge_inputs(log2_mc, "above", False)
+    ref = lse_exact(q, k, scale)
+    ulp = torch.exp2(torch.floor(torch.log2(ref.abs())) - 23)
+    _, lse = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16, return_lse=True)
+    assert ((lse - ref).abs() / ulp).max().item() < 0.6
+    real = _reference.kernel_lse_fp32
+    monkeypatch.setattr(_reference, "kernel_lse_fp32", lambda m, sums, s, c, shift=False: real(m, sums, s, c))
+    _, no_k = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16, return_lse=True)
+    assert ((no_k - ref).abs() / ulp).max().item() > 1.0
+
+
+@settings(max_examples=400, deadline=None)
+@given(m=_f32s, dm=_f32s, c=st.floats(1.1754943508222875e-38, 3.4028234663852886e38, width=32))
+def test_online_rescale_fp32_shift_properties(m, dm, c):
+    """online_rescale<true> (fp16 P): the row's largest P, 2^(m·mul − R − k), lies in [1/2, 1] (exactly 1 on
+    hard rows, where k = 0); k = 0 whenever |m·c| < 2^24; err = e − k is exact and in (−1, 0]; the effective
+    reference R + k is m·c rounded up to fp32 below 2^24 and to an integer above; alpha is exactly 1 when the
+    max did not change, at most 1 (+ rounding) when it grew, and 2^(R'_old − R'_new) (float64)."""
+    c = torch.tensor([c], dtype=F32)
+    m_old = torch.tensor([m], dtype=F32)
+    m_new = torch.maximum(m_old, m_old + torch.tensor([abs(dm)], dtype=F32))
+    m_new = torch.where(torch.isfinite(m_new), m_new, m_old)
+    init = (torch.tensor([ROW_MAX_INIT]), torch.zeros(1))
+    _, _, _, err_old, _ = online_rescale_fp32(*init, m_old, c, shift=True)
+    for a, b in ((m_old, m_old), (m_old, m_new)):
+        alpha, mul, neg_ref, err, k = online_rescale_fp32(a, err_old, b, c, shift=True)
+        for x in (alpha, mul, neg_ref, err, k):
+            assert torch.isfinite(x).all()
+        e = _reference._fma32(b, mul, neg_ref)
+        assert k.item() == math.ceil(e.item()) <= 0 and err.item() == e.item() - k.item()  # exact
+        assert -1.0 < err.item() <= 0.0
+        p_max = torch.exp2(e - k).item()
+        assert 0.5 <= p_max <= 1.0
+        mc = (b.double() * c.double()).item()
+        if mul.item() != c.item():
+            assert p_max == 1.0 and k.item() == 0.0
+        elif abs(mc) >= 2.0**-100:  # (a subnormal m·c has an inexact residual e; the kernel flushes it anyway)
+            r_eff = mc - err.double().item()  # R + k: exact in float64
+            if abs(-neg_ref.item()) >= 2.0**24:
+                assert r_eff == math.ceil(mc)
+            else:
+                assert k.item() == 0.0 and r_eff == -neg_ref.item()
+        if abs(mc) < 2.0**24:
+            assert k.item() == 0.0
+        if torch.equal(a, b):
+            assert alpha.item() == 1.0
+        assert 0.0 <= alpha.item() <= 1.0 + 1e-6
+        if c.item() >= 2.0**-100:
+            r_old = a.double() * c.double() - err_old.double()
+            r_new = b.double() * c.double() - err.double()
+            want = torch.exp2(r_old - r_new).item()
+            assert abs(alpha.item() - want) <= 1e-5 * max(want, 2.0**-100)
+
+
+def _fp16_rising_inputs(log2_mc, seed=0, seqlen_q=64, seqlen_k=1000, device="cpu"):
+    """_fp16_edge_inputs just above 2^log2_mc with the keys sorted ascending by K's last column (the same
+    permutation applied to K and V): rows whose Q ends in +1 or +2 then meet their scores in rising order, so
+    their running max grows tile after tile (alpha < 1) and with it the shift k changes between tiles, which
+    the unsorted inputs (each row's max in the first tile) never exercise."""
+    q, k, v, scale = _fp16_edge_inputs(log2_mc, "above", False, seed, seqlen_k, seqlen_q=seqlen_q, device=device)
+    idx = k[..., -1].float().argsort(-1)
+    k, v = (t.gather(2, idx[..., None].expand_as(t)) for t in (k, v))
+    return q, k, v, scale
+
+
+def _tile_shifts(q, k, scale, block_n=176, causal=False):
+    """The model's online softmax over K/V tiles of ``block_n`` keys (the kernels' running max, alpha and k:
+    online_rescale_fp32 with the shift; ``causal``: top-left aligned): (rows whose k changes between tiles,
+    alpha < 1 rescales after the first tile summed over the rows)."""
+    s = torch.matmul(q.cpu().double(), k.cpu().double().transpose(-1, -2)).float()  # exact on these inputs
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    sc = torch.tensor(scale, dtype=F32)
+    if sc < 0:
+        s, sc = -s, -sc
+    c = sc * torch.tensor(LOG2E, dtype=F32)
+    m = torch.full(s.shape[:-1] + (1,), ROW_MAX_INIT)
+    err = torch.zeros_like(m)
+    shifts, rescales = [], 0
+    for n0 in range(0, s.shape[-1], block_n):
+        m_new = torch.maximum(m, s[..., n0 : n0 + block_n].amax(-1, keepdim=True))
+        alpha, _, _, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
+        rescales += int((alpha < 1).sum()) if n0 else 0
+        shifts.append(shift)
+        m = m_new
+    shifts = torch.cat(shifts, -1)
+    return int((shifts != shifts[..., :1]).any(-1).sum()), rescales
+
+
+def _alpha_without_the_shift(monkeypatch):
+    """A kernel bug the rising inputs catch: alpha from e alone, 2^((m_old − m_new)·c + e_new − e_old), as if
+    P were relative to R, not R + k: off by 2^(k_new − k_old) whenever k changes between tiles."""
+    real = _reference.online_rescale_fp32
+
+    def stale(m_old, err_old, m_new, c, shift=False):
+        alpha, mul, neg_ref, err, k = real(m_old, err_old, m_new, c, shift=True)
+        k_old = real(m_old, torch.zeros_like(m_old), m_old, c, shift=True)[4]
+        return alpha * torch.exp2(k - k_old), mul, neg_ref, err, k
+
+    monkeypatch.setattr(_reference, "online_rescale_fp32", stale)
+
+
+@pytest.mark.parametrize("log2_mc", [25, 26, 27, 28, 29])
+def test_fp16_model_shift_changes_across_tiles(log2_mc, monkeypatch):
+    """Keys in rising order (_fp16_rising_inputs: 1000 keys in 176-key tiles, as rungs 12 and 13 take them):
+    a good share of the 128 rows has its k change between tiles, with alpha < 1 rescales (checked). The model
+    is within fp16's tolerance of float64, with no zero row, and its LSE within 0.75 fp32 ulp. It can fail:
+    with the shift forced to 0 rows flush to zero from 2^28 on, and with alpha blind to the change of k (the
+    bug these inputs are for) O is off by over 5 % at every magnitude."""
+    q, k, v, scale = _fp16_rising_inputs(log2_mc)
+    changed, rescales = _tile_shifts(q, k, scale)
+    assert changed >= 16 and rescales >= 64, (changed, rescales)  # k does change across tiles
+    ref = attention_exact(q, k, v, scale)
+    out, lse = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16, return_lse=True)
+    assert rel_l2(out, ref) < 1e-3
+    assert bool((out.double().abs().amax(-1) > 0).all())  # no row flushed to zero
+    want = lse_exact(q, k, scale)
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs())) - 23)
+    assert ((lse - want).abs() / ulp).max().item() < 0.75
+    with monkeypatch.context() as mp:
+        _alpha_without_the_shift(mp)
+        stale = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16)
+        assert rel_l2(stale, ref) > 0.05
+    if log2_mc >= 28:
+        _unshifted(monkeypatch)
+        bare = attention_tiled(q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16)
+        assert rel_l2(bare, ref) > 0.1 and bool((bare.double().abs().amax(-1) == 0).any())
+
+
+def _overshoot_inputs(seqlen_k=1000):
+    """One key with score 0 (P = 1) and the rest at −1 with c chosen so that their P = 2^-c lies just above
+    the midpoint 0.5 + 2^-12 between two fp16 numbers: fp16 rounds each up by ~2^-11.4 of itself. V = 65504
+    (fp16's max) everywhere, so O = 65504 exactly, but Σ fp16(P)·V / Σ P exceeds 65520, where fp16 rounds
+    to inf."""
+    c = 1.0 - math.log2(1 + 2**-11 + 2**-13)  # 2^-c = 0.5·(1 + 2^-11 + 2^-13)
+    scale = c / LOG2E
+    q = torch.zeros(1, 1, 4, 128, dtype=torch.float64)
+    k = torch.zeros(1, 1, seqlen_k, 128, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k[:, :, 1:, 0] = -1.0
+    v = torch.full((1, 1, seqlen_k, 128), 65504.0, dtype=torch.float64)
+    return q.to(F16), k.to(F16), v.to(F16), scale
+
+
+def test_fp16_model_output_stays_finite_at_fp16_max(monkeypatch):
+    """V at fp16's largest finite value: O is V, and the kernel's clamp of O to ±65504 before the fp16 store
+    keeps it finite; without the clamp the fp16-rounded P push O past 65520 and it rounds to inf."""
+    q, k, v, scale = _overshoot_inputs()
+    out = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16)
+    assert torch.isfinite(out).all() and bool((out == 65504).all())
+    monkeypatch.setattr(_reference, "F16_MAX", math.inf)
+    assert torch.isinf(attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16)).all()
+
+
+def test_fp16_model_near_fp16_max_inputs():
+    """Q, K, V near ±60000 (fp16's range): scores up to 128·60000² in fp32 are hard rows (mul < c), exact."""
+    g = torch.Generator().manual_seed(5)
+    q = (torch.randint(-1, 2, (1, 2, 64, 128), generator=g) * 60000.0).to(F16)
+    k = (torch.randint(-1, 2, (1, 2, 300, 128), generator=g) * 60000.0).to(F16)
+    v = ((torch.rand(1, 2, 300, 128, generator=g) * 2 - 1) * 60000.0).to(F16)
+    for scale in (INV_SQRT_D, 1e-9, -0.5):
+        ref = attention_exact(q, k, v, scale)
+        out, lse = attention_tiled(q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16, return_lse=True)
+        assert torch.isfinite(out).all() and rel_l2(out, ref) < 3e-3
+        want = lse_exact(q, k, scale)
+        assert ((lse - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-6
+
+
+def test_fp16_model_rejects_other_p_dtypes_and_inexact_inputs():
+    q = torch.zeros(1, 1, 2, 128)
+    with pytest.raises(ValueError, match="p_dtype"):
+        attention_tiled(q, q, q, kernel_fp32=True, p_dtype=torch.float32)
+    with pytest.raises(ValueError, match="not exact"):
+        far_offset_inputs(1, 2, 2, 40, 1.0, dtype=F16)

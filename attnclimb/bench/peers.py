@@ -115,6 +115,15 @@ class RungImpl(Impl):
         self.head_dims = tuple(sorted({rung.head_dim, *rung.head_dims}))
         self._fn = None
 
+    def skip_reason(self, shape) -> str | None:
+        """:meth:`Impl.skip_reason`, and the feature columns (issue 8) only on the top rung: a lower rung with
+        the same variants (rung 12 under rung 13) would double their compiles and timing for no new column."""
+        from attnclimb.rungs import TOP
+
+        if getattr(shape, "group", "main") != "main" and self.features and self.number != TOP.number:
+            return f"the feature columns time the top rung only (rung {TOP.number}; --no-limits times this one too)"
+        return super().skip_reason(shape)
+
     def missing_variants(self, shape) -> list:
         """The variants ``shape`` needs and this rung lacks, as words: ``"causal"``, ``"grouped-query"``,
         ``"head_dim 64"``; ``[]`` when it computes ``shape``."""

@@ -693,7 +693,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--no-limits",
         action="store_true",
-        help="ignore each rung's max_bench_seqlen (slow rungs run the big shapes too)",
+        help="ignore each rung's max_bench_seqlen (slow rungs run the big shapes too) and time the feature columns "
+        "on every rung that has the variants, not only the top rung",
     )
     p.add_argument(
         "--no-dropin-rows",

@@ -17,7 +17,7 @@ the grouped-query attention of a current LLM (32 query heads, 8 K/V heads, head_
 batch 2), non-causal and causal, and head_dim 64 and 256 at seqlen 8k (batch 2), each non-causal and
 causal, with the FA papers' head counts (heads * head_dim = 2048: 32 heads at 64, 8 at 256). Only the
 top rung has these variants (``Rung.features`` and ``Rung.head_dims``); the other rungs are skipped on
-them with the reason. fp16 is not in the kernels yet and not in the default run.
+them with the reason. fp16 (the top rung's FP16 variant) is not in the default run.
 """
 
 from __future__ import annotations

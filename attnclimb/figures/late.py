@@ -1,5 +1,5 @@
-"""Figures of rungs 10-12: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
-wide K/V tiles."""
+"""Figures of rungs 10-13: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+wide K/V tiles, the wgmma descriptors advanced by constant adds."""
 
 from __future__ import annotations
 
@@ -1016,6 +1016,187 @@ def rung12_budget(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 13
+
+
+def rung13_descriptors(path):
+    f = facts.descriptor_fields()
+    q_panel, kv_panel, kv_tile, kv_steps, panels = facts.need(
+        13, "Q_PANEL", "KV_PANEL", "KV_TILE_BYTES", "KV_STEPS", "PANELS"
+    )
+    qk_steps = rungs.get(13).head_dim // 16
+    row = 128  # bytes of a 64-column bf16 row (hopper.cuh PANEL_ROW_BYTES)
+    fig, ax = new_figure(9.6, 5.0)
+    title(ax, 0.1, 4.95, "Rung 13: each descriptor is built once, every other one is base + a constant in bits 0–13")
+    bit = 9.0 / 64
+    x0 = 0.3
+    fields = [
+        (0, 14, "start address >> 4", tint(BLUE, 0.5)),
+        (f["lbo_shift"], 14, "LBO >> 4", tint(ORANGE, 0.45)),
+        (f["sbo_shift"], 14, "SBO >> 4", tint(GREEN, 0.5)),
+        (49, 3, "base\noffset", tint(GREY, 0.6)),
+        (f["swizzle_shift"], 2, "swizzle", tint(VERMILLION, 0.45)),
+    ]
+    y = 3.75
+    rect(ax, x0, y, 64 * bit, 0.5, fc="white", ec="#333333", lw=0.8)
+    for lo, width, name, colour in fields:
+        x = x0 + (64 - lo - width) * bit  # bit 0 on the right, as in the PTX ISA
+        rect(ax, x, y, width * bit, 0.5, fc=colour, ec="#333333", lw=0.6, zorder=3)
+        if width >= 3:
+            label(ax, x + width * bit / 2, y + 0.25, name, size=6.8, zorder=4)
+        else:
+            label(ax, x + width * bit / 2, y - 0.14, name, size=6.8)
+        label(ax, x + width * bit / 2, y + 0.6, f"{lo + width - 1}..{lo}", size=6.2, color="#555555")
+    for i, text in enumerate(
+        (
+            "Built once (hop::desc_kmajor_sw128, hop::desc_mnmajor_sw128): LBO, SBO, base offset and swizzle are the "
+            "same for every wgmma;",
+            "only the start field moves, by + (offset >> 4). A shared address < 256 KB never carries out of "
+            "its 14 bits.",
+        )
+    ):
+        label(ax, x0, y - 0.32 - 0.2 * i, text, size=6.8, ha="left", color="#444444")
+    # the constant added to the start field, per wgmma of one K/V tile
+    qk = [(d // 4 * q_panel + d % 4 * 32) >> 4 for d in range(qk_steps)]
+    kk = [(d // 4 * kv_panel + d % 4 * 32) >> 4 for d in range(qk_steps)]
+    vv = [(kv * 16 * row) >> 4 for kv in range(kv_steps)]
+    rows = [
+        ("q_desc +", qk, ROLE["Q"], f"k16 step d: 32 B along the row = +2; next 64-column panel = +{q_panel >> 4}"),
+        ("k_desc0 +", kk, ROLE["K"], f"same steps in a K tile; next panel = +{kv_panel >> 4}"),
+        (
+            "v_desc0 +",
+            vv,
+            ROLE["V"],
+            f"k16 step kv: 16 keys × {row} B = +{(16 * row) >> 4} (the panel stride is in LBO)",
+        ),
+    ]
+    cell, gap = 0.62, 0.06
+    for i, (name, offs, colour, note) in enumerate(rows):
+        yy = 2.75 - i * 0.68
+        label(ax, 0.95, yy + 0.17, name, size=7.5, ha="right", family="monospace")
+        for j, off in enumerate(offs):
+            box(
+                ax,
+                1.05 + j * (cell + gap),
+                yy,
+                cell,
+                0.34,
+                str(off),
+                fc=tint(colour, 0.55),
+                fontsize=7,
+                family="monospace",
+            )
+        label(ax, 1.05, yy - 0.12, note, size=6.6, ha="left", va="center", color="#444444")
+    yy = 2.75 - 3 * 0.68
+    for i, text in enumerate(
+        (
+            f"Ring slot s (K or V): base + s × (KV_TILE_BYTES >> 4) = + s × {kv_tile >> 4} "
+            f"(KV_TILE_BYTES = {_fmt(kv_tile)} B, {panels} panels of {_fmt(kv_panel)} B).",
+            f"The compiler folds the constants: one 64-bit add per wgmma ({qk_steps} + {kv_steps} per K/V tile), where "
+            "rung 12 masked, shifted and OR-ed",
+            "a fresh descriptor from a per-thread shared address before each of them.",
+        )
+    ):
+        label(ax, 0.3, yy + 0.1 - 0.2 * i, text, size=6.8, ha="left", color="#333333")
+    save(fig, path)
+
+
+# SASS instructions of the steady loop (the innermost loop around the wait for S, `WARPGROUP.DEPBAR.LE gsb0, 0x1`)
+# of the plain head_dim-128 kernels, NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`: every opcode that the
+# change moves, and the loop's total. tests/test_build_cpu.py recounts them where cuobjdump is installed.
+LOOP_SASS = {
+    12: {
+        "ULOP3": 56,
+        "USHF": 27,
+        "LOP3": 34,
+        "SHF": 18,
+        "VIADD": 58,
+        "UMOV": 31,
+        "UIADD3": 35,
+        "IADD3": 1,
+        "ULEA": 9,
+        "ULDC": 2,
+        "YIELD": 1,
+        "NOP": 0,
+        "total": 1009,
+    },
+    13: {
+        "ULOP3": 4,
+        "USHF": 1,
+        "LOP3": 6,
+        "SHF": 4,
+        "VIADD": 44,
+        "UMOV": 22,
+        "UIADD3": 41,
+        "IADD3": 15,
+        "ULEA": 11,
+        "ULDC": 0,
+        "YIELD": 0,
+        "NOP": 1,
+        "total": 886,
+    },
+}
+# Nsight Compute, rung 12 and FA4's Hopper path at 1×16×16384 in one run (millions of warp instructions executed;
+# benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt): the uniform-datapath descriptor arithmetic this rung removes.
+NCU_MIX_16K = {"ULOP3": (61.9, 8.7), "USHF": (29.3, 0.0), "R2UR": (24.7, None)}
+
+
+def rung13_budget(path):
+    import matplotlib.pyplot as plt
+
+    ops = [k for k in LOOP_SASS[12] if k != "total"]
+    fig, (ax_t, ax_o) = plt.subplots(2, 1, figsize=(8.6, 4.8), gridspec_kw={"height_ratios": [2, 4], "hspace": 0.7})
+    moved = {n: sum(LOOP_SASS[n][k] for k in ops) for n in (12, 13)}
+    for yi, n in enumerate((12, 13)):
+        rest = LOOP_SASS[n]["total"] - moved[n]
+        ax_t.barh(yi, rest, color=tint(GREY, 0.55), edgecolor="white", height=0.6)
+        ax_t.barh(
+            yi, moved[n], left=rest, color=tint(VERMILLION if n == 12 else GREEN, 0.35), edgecolor="white", height=0.6
+        )
+        ax_t.text(rest / 2, yi, f"unchanged: {rest}", ha="center", va="center", fontsize=7)
+        ax_t.text(rest + moved[n] / 2, yi, str(moved[n]), ha="center", va="center", fontsize=7)
+        ax_t.text(LOOP_SASS[n]["total"] + 12, yi, str(LOOP_SASS[n]["total"]), va="center", fontsize=7.5, weight="bold")
+    ax_t.set_yticks(range(2), ["rung 12", "rung 13"], fontsize=7.5)
+    ax_t.invert_yaxis()
+    ax_t.set_xlim(0, 1150)
+    ax_t.set_xlabel(
+        "SASS instructions of the steady loop (one K/V tile of one consumer warpgroup; coloured: the opcodes below)",
+        fontsize=7.5,
+    )
+    d = LOOP_SASS[12]["total"] - LOOP_SASS[13]["total"]
+    ax_t.set_title(
+        f"Rung 13: {d} fewer instructions per K/V tile ({d / LOOP_SASS[12]['total']:.0%}), in the address and "
+        "descriptor arithmetic",
+        loc="left",
+    )
+    xs = range(len(ops))
+    w = 0.38
+    ax_o.bar([x - w / 2 for x in xs], [LOOP_SASS[12][k] for k in ops], w, color=tint(VERMILLION, 0.35), label="rung 12")
+    ax_o.bar([x + w / 2 for x in xs], [LOOP_SASS[13][k] for k in ops], w, color=tint(GREEN, 0.35), label="rung 13")
+    for x, k in zip(xs, ops):
+        for dx, n in ((-w / 2, 12), (w / 2, 13)):
+            ax_o.text(x + dx, LOOP_SASS[n][k] + 1, str(LOOP_SASS[n][k]), ha="center", va="bottom", fontsize=6.2)
+    ax_o.set_xticks(list(xs), ops, fontsize=7, family="monospace")
+    ax_o.set_ylim(0, 75)
+    ax_o.set_ylabel("per loop iteration", fontsize=7.5)
+    ax_o.legend(fontsize=7, loc="upper right", frameon=False)
+    ncu = ", ".join(
+        f"{k} {r12:g} M" + ("" if fa4 is None else f" (FA4 {fa4:g} M)" if fa4 else " (FA4 ≈ 0)")
+        for k, (r12, fa4) in NCU_MIX_16K.items()
+    )
+    ax_o.set_title("The opcodes that change (U…: the uniform datapath)", loc="left", fontsize=7.5)
+    ax_o.text(
+        0.0,
+        -0.3,
+        f"Nsight Compute, rung 12 at 1×16×16384, warp instructions executed: {ncu} "
+        "(benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt)",
+        transform=ax_o.transAxes,
+        fontsize=6.8,
+        color="#444444",
+    )
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1057,5 +1238,19 @@ FIGURES = [
         rung12_budget,
         "The registers of a consumer thread and the shared memory of a CTA at rung 11's, rung 12's and a wider "
         "BLOCK_N.",
+    ),
+    (
+        13,
+        "descriptors",
+        rung13_descriptors,
+        "The wgmma descriptor's fields, and the constant each wgmma of one K/V tile adds to the start-address "
+        "field of a base built once.",
+    ),
+    (
+        13,
+        "budget",
+        rung13_budget,
+        "The SASS instructions of one iteration of the consumers' steady loop in rung 12 and rung 13, by the "
+        "opcodes the change moves.",
     ),
 ]

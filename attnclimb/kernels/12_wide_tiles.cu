@@ -14,6 +14,13 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#ifndef FP16
+#define FP16 0
+#endif
+#if FP16  // fp16 operands for both wgmmas (hopper.cuh; read before it is included)
+#define HOP_WGMMA_AB ".f16.f16"
+#endif
+
 #include "abi.cuh"
 #include "softmax.cuh"
 #include "trace.cuh"
@@ -37,6 +44,9 @@
 //              is m64n{HEAD_DIM}k16 (tile sizes per head_dim in the rung's `head_dims`, attnclimb/rungs.py).
 //   STRIDED    Q, K, V through 4-D tensor maps over their own strides (batch, heads, seqlen, 128) and O
 //              written through o_stride_*: BSHD views and fused-QKV slices are read and written in place.
+//   FP16       Q, K, V and O are fp16 (else bf16): the wgmmas take .f16 operands, P is rounded to fp16, and
+//              a row whose P would leave fp16's range (|max·c| >= 2^24) stores it scaled by a power of two
+//              on a warp-uniform slow path (softmax.cuh, "fp16 P").
 #ifndef CAUSAL
 #define CAUSAL 0
 #endif
@@ -48,6 +58,11 @@
 #endif
 #ifndef STRIDED
 #define STRIDED 0
+#endif
+#if FP16
+typedef f16 elem;  // the element type of Q, K, V, O and P
+#else
+typedef bf16 elem;
 #endif
 #ifndef CAUSAL_L2_BYTES
 // causal tile order: head by head (in pairs) when K and V of all heads exceed this, else a snake
@@ -104,13 +119,20 @@ static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_B
 // reads through a matrix descriptor (see hopper.cuh), so no address arithmetic happens in this file:
 // the descriptors below point at 8-row atoms and the tensor cores apply the XOR themselves.
 
+#if FP16
+// A finite x clamped to fp16's finite range (±65504); inf and NaN pass (they come from inf or NaN inputs).
+__device__ __forceinline__ float clamp_f16(float x) {
+    return fabsf(x) < CUDART_INF_F ? fminf(fmaxf(x, -65504.f), 65504.f) : x;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register cap setmaxnreg needs
     attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
-             const __grid_constant__ TmaDesc tmap_v, bf16* __restrict__ o, int seqlen_q, int seqlen_k,
+             const __grid_constant__ TmaDesc tmap_v, elem* __restrict__ o, int seqlen_q, int seqlen_k,
              int num_m_blocks, float scale, int num_tiles, int heads_q, int kv_group, float* __restrict__ lse,
              long long o_stride_b, long long o_stride_h, long long o_stride_s) {
     extern __shared__ unsigned char smem_raw[];
@@ -152,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // equal pairs, except where an odd nmb makes a pair straddle two heads), when there are enough tiles
     // for every CTA to get a pair.
     const int bh_count = num_tiles / num_m_blocks;
-    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(bf16) * bh_count;
+    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
 #if GQA
     kv_bytes /= kv_group;  // query heads of one group share them
 #endif
@@ -344,12 +366,28 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
-            rs[r] = smx::online_rescale(row_max[r], row_err[r], m_new, scale_log2);
+            rs[r] = smx::online_rescale<FP16>(row_max[r], row_err[r], m_new, scale_log2);
             row_err[r] = rs[r].err;
             alpha[r] = rs[r].alpha;
             row_max[r] = m_new;
             row_sum[r] *= alpha[r];
         }
+#if FP16
+        // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
+        // Warp-uniform, so the common case below is the bf16 loop, one FFMA and one MUFU.EX2 per score.
+        if (__any_sync(0xffffffffu, rs[0].shift != 0.f || rs[1].shift != 0.f)) {
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] =
+                        smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref) - rs[e >> 1].shift);
+                    row_sum[e >> 1] += s[j][e];
+                }
+            }
+            return;
+        }
+#endif
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
@@ -405,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             softmax_tile(0, m_start, alpha);
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
         }
         int pv_slot = slot;  // ring slot and phase parity of the previous tile's V
@@ -463,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 o_acc[j][3] *= alpha[1];
             }
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
             pv_slot = slot;
             pv_phase = ring.phase;
@@ -491,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
         TRACE_END(PV);
 
-        // ---- epilogue: O / l, bf16, rows past seqlen_q not written ----
+        // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -505,21 +543,33 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             // stays finite wherever the exact LSE is (m·c could overflow where m·scale does not).
             if (t == 0 && row < seqlen_q) {
                 const float m = row_max[r], mul = smx::row_multiplier(m, scale_log2);
+#if FP16  // P was stored against R + k, k = ceil(m·mul − R) (0 on hard rows): ln 2·(R + k) + ln l
+                const float ref = __fmul_ru(m, mul);
+                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l));
+                lse[bh * seqlen_q + row] =
+                    mul == scale_log2 ? fmaf(ref, CUDART_LN2_F, log_l) : fmaf(m, scale, log_l);
+#else
                 lse[bh * seqlen_q + row] = mul == scale_log2 ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l))
                                                              : fmaf(m, scale, logf(l));
+#endif
             }
 #endif
             if (row < seqlen_q) {
 #if STRIDED
-                bf16* dst =
+                elem* dst =
                     o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + 2 * t;
 #else
-                bf16* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
+                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + 2 * t;
 #endif
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
+#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
+                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
+#else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
                         pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+#endif
                 }
             }
         }

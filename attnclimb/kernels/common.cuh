@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math_constants.h>
 
 // NVRTC has no <stdint.h>; redeclaring a typedef to the same type is legal.
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 typedef __nv_bfloat16 bf16;
+typedef __half f16;  // the top rung's FP16 variant
 
 #define NEG_INF (-CUDART_INF_F)
 
@@ -38,16 +40,36 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Two fp32 values -> one register of two fp16, round to nearest (cvt.rn.f16x2.f32; lo in the low half).
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// pack2<T>: the packing of the 16-bit type T (bf16, or f16 in the top rung's FP16 variant).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
+    return pack_bf16x2(lo, hi);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+    return pack_f16x2(lo, hi);
+}
+
 // The S accumulators of two adjacent n8 tiles (keys 16j..16j+15) ARE the A fragment of the k16
 // slice j of P·V, element for element:
 //   s[2j][0..1] = (g,   16j + 2t..)     -> a0        s[2j+1][0..1] = (g,   16j + 8 + 2t..) -> a2
 //   s[2j][2..3] = (g+8, 16j + 2t..)     -> a1        s[2j+1][2..3] = (g+8, 16j + 8 + 2t..) -> a3
+// T: the type P is rounded to, the A type of the P·V MMA (bf16 on every rung; f16 in the FP16 variant).
+template <typename T = bf16>
 __device__ __forceinline__ void pack_p_fragment(uint32_t (&a)[4], const float (&s_lo)[4],
                                                 const float (&s_hi)[4]) {
-    a[0] = pack_bf16x2(s_lo[0], s_lo[1]);
-    a[1] = pack_bf16x2(s_lo[2], s_lo[3]);
-    a[2] = pack_bf16x2(s_hi[0], s_hi[1]);
-    a[3] = pack_bf16x2(s_hi[2], s_hi[3]);
+    a[0] = pack2<T>(s_lo[0], s_lo[1]);
+    a[1] = pack2<T>(s_lo[2], s_lo[3]);
+    a[2] = pack2<T>(s_hi[0], s_hi[1]);
+    a[3] = pack2<T>(s_hi[2], s_hi[3]);
 }
 
 // Max over the 4 threads of a quad (they hold the BLOCK_N columns of one row between them).

@@ -22,6 +22,10 @@ struct alignas(64) TmaDesc {
     unsigned long long opaque[16];
 };
 
+#ifndef HOP_WGMMA_AB
+#define HOP_WGMMA_AB ".bf16.bf16"
+#endif
+
 namespace hop {
 
 // ---------------------------------------------------------------------------------------------
@@ -297,7 +301,9 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_addr, uint3
 
 // ---------------------------------------------------------------------------------------------
 // wgmma.mma_async (PTX ISA "wgmma.mma_async"), .f32.bf16.bf16, shape m64nNk16, one warpgroup (128
-// threads; warp w of the warpgroup owns rows 16w .. 16w+15 of the 64).
+// threads; warp w of the warpgroup owns rows 16w .. 16w+15 of the 64). The A and B types are the macro
+// HOP_WGMMA_AB, ".bf16.bf16" unless a kernel defines it before including this file: the top rung's FP16
+// variant sets ".f16.f16" (the same shapes, fragments and descriptors for both 16-bit types).
 //
 // Accumulator fragment (PTX ISA "Register Fragments", matrix D): for warp w, lane l = 4g + t, the N/2
 // registers form N/8 groups of four, one per n8 column tile j, and
@@ -327,7 +333,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
         " %32, %33, p, %35, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
@@ -345,7 +352,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t 
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
@@ -366,7 +374,8 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[22][4], uint64_t 
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %90, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
@@ -389,7 +398,8 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[24][4], uint64_t 
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
@@ -412,7 +422,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uin
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
@@ -432,7 +443,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint3
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
         " {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"  // scale-d, scale-a, scale-b, tnspB
@@ -448,7 +460,8 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uin
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %133, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32" HOP_WGMMA_AB
+        "\n"
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"

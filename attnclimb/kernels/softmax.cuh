@@ -38,6 +38,35 @@
 // The per-score work stays one FFMA and one MUFU.EX2, branch-free; per row and tile a handful of integer
 // and FP32 instructions pick mul and R.
 //
+//
+// fp16 P (the top rung's FP16 variant). P is rounded to the input type for the P·V MMA. bf16 keeps
+// fp32's exponent range, so a row whose largest P is 2^e with e near −64 is fine; fp16 is not (normal
+// from 2^−14, subnormal down to 2^−24): every P of a soft row with e < −24 would round to 0 while l > 0,
+// an O of 0 for the row. e ≤ −1 needs ulp(R) ≥ 2, i.e. |m·c| ≥ 2^24 (e ∈ (−ulp(R), 0]), so ordinary
+// rows never see it. online_rescale<true> therefore also returns the integer k = ceil(e) ≤ 0 (k = 0
+// whenever e > −1, so always when |m·c| < 2^24) and the row keeps
+//     P = 2^(s·c − R − k) = ex2(fma(s, mul, −R) − k),   err = e − k,
+// i.e. R is replaced by R' = R + k (a real number; not an fp32 one in general, hence the FADD).
+// - e − k is exact: for k ≤ −1, e ∈ (k − 1, k] ⊂ [2k, k/2], Sterbenz's lemma; for k = 0 it is e.
+// - The row's largest P is 2^(e − k) ∈ (1/2, 1]: normal in fp16, never above 1 (l ≤ seqlen_k, as before).
+// - R' is "m·c rounded up to the grid fp32 ∪ Z": below 2^24 the fp32 grid holds every integer (and k = 0,
+//   R' = R); above it every fp32 number is an integer, so R + ceil(m·c − R) = ceil(m·c). Rounding up to a
+//   fixed grid is monotone in m, so R'_old ≤ R'_new and α ≤ 1 still; when the max does not change,
+//   k and err do not either and α = ex2(0) = 1 exactly.
+// - P, l and α share R': l sums the stored P (the same fp32 values that are packed), and α is computed
+//   from err = m·c − R' exactly as before from e, so α = 2^(R'_old − R'_new) and the invariant above
+//   (a common 2^err factor cancels in O / l) holds unchanged.
+// - Hard rows (mul < c): e = 0, k = 0: nothing changes.
+// - Cost: per row and tile one FRND.CEIL and one FADD; per score one FADD, only on a warp-uniform slow
+//   path (the caller branches on __any_sync over the warp of k != 0), so ordinary rows run the bf16
+//   variant's loop. The LSE adds k: ln Σ exp(scale·s) = (R + k)·ln 2 + ln l.
+// - After the shift, fp16's subnormal range (below 2^−14) still costs accuracy, as in any kernel with
+//   fp16 P: a P at or below 2^−25 rounds to 0 (the exact softmax's weights under ~3e-8 of the row's
+//   largest), and a P in (2^−25, 2^−14) keeps up to 2^−25 of absolute rounding error (half the subnormal
+//   step 2^−24). Both are absolute: each P loses at most 2^−25, while l is only guaranteed >= 1/2 (the
+//   largest P), so the bound relative to l is seqlen_k·2^−25 / (1/2) = seqlen_k·2^−24 (about 1e-3 at
+//   16k keys). Rows with many keys near the row's max have a larger l and lose correspondingly less.
+//
 // PTX ISA: "Floating Point Instructions: ex2" (ex2.approx.ftz.f32), "fma", "mul" (.rp); IEEE 754 binary32.
 #pragma once
 
@@ -72,14 +101,22 @@ struct RowRescale {
     float mul;      // c, or 2^(29 − E) on hard rows
     float neg_ref;  // −R, R = m_new·mul rounded up
     float err;      // e_new = m_new·c − R (true units); pass it back as err_old on the next tile
+    float shift;    // SHIFT_P only: k = ceil(e) <= 0, P = ex2(fma(s, mul, neg_ref) − shift), err = e − k
 };
 
+// SHIFT_P (fp16 P, see above): also k, with err and alpha relative to R + k.
+template <bool SHIFT_P = false>
 __device__ __forceinline__ RowRescale online_rescale(float m_old, float err_old, float m_new, float c) {
     RowRescale r;
     r.mul = row_multiplier(m_new, c);
     const float ref = __fmul_ru(m_new, r.mul);  // rounded up: e <= 0, so every P <= 1
     r.neg_ref = -ref;
     r.err = fmaf(m_new, r.mul, -ref);
+    r.shift = 0.f;
+    if constexpr (SHIFT_P) {
+        r.shift = ceilf(r.err);  // 0 unless |m·c| >= 2^24
+        r.err -= r.shift;        // exact (Sterbenz)
+    }
     r.alpha = fast_exp2(fmaf(m_old - m_new, c, r.err - err_old));
     return r;
 }

@@ -105,7 +105,8 @@ def _key(rung: Rung, arch: str) -> str:
         h.update(hdr.name.encode())
         h.update(hdr.read_bytes())
     cudart = Path(_include_dirs()[1])
-    for hdr in ("cuda_bf16.h", "cuda_bf16.hpp", "math_constants.h", "cuda_runtime_api.h"):
+    headers = ("cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp16.h", "cuda_fp16.hpp", "math_constants.h", "cuda_runtime_api.h")
+    for hdr in headers:
         if (cudart / hdr).exists():  # a new nvidia-cuda-runtime wheel changes these: never reuse old cubins
             h.update((cudart / hdr).read_bytes())
     h.update(json.dumps(_options(rung, arch), sort_keys=True).encode())

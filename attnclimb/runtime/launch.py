@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ..rungs import Rung
+from . import packed as _packed
 from .compiler import compile_rung
 
 _lock = threading.Lock()
@@ -222,9 +223,9 @@ _TMAP_CACHE_SIZE = 64
 
 
 def cached_tensor_map(t3d, box_rows: int):
-    """:func:`tensor_map`, memoised by (address, shape including head_dim, box, device).
+    """:func:`tensor_map`, memoised by (address, shape including head_dim, dtype, box, device).
 
-    A tensor map encodes only those (plus the fixed dtype, strides and swizzle), so a hit is exactly the
+    A tensor map encodes only those (plus the fixed strides and swizzle), so a hit is exactly the
     map a fresh encode would build, even if the memory was freed and reallocated in between. Saves the
     encode on the launch path, which matters for short sequences where a kernel runs for ~50 µs.
     """
@@ -237,8 +238,9 @@ def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
 
     The key holds head_dim (the map's row pitch and width): a head_dim 64 tensor that reuses the memory of
     a freed head_dim 128 one of the same ``(bh, rows)`` must not get the old map, whose rows are twice as
-    far apart (every head but the first would be read from the wrong place)."""
-    key = (t.data_ptr(), bh, rows, t.shape[-1], box_rows, device_index)
+    far apart (every head but the first would be read from the wrong place). It holds the dtype too: an fp16
+    tensor in the memory of a freed bf16 one must not get a map that declares its elements bf16."""
+    key = (t.data_ptr(), bh, rows, t.shape[-1], t.dtype, box_rows, device_index)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
         tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows))
@@ -255,7 +257,7 @@ def _remember(key, tm):
 
 
 def tensor_map(t3d, box_rows: int):
-    """A TMA tensor map over a ``(batch*heads, seqlen, 128)`` bf16 CUDA tensor.
+    """A TMA tensor map over a ``(batch*heads, seqlen, 128)`` bf16 or fp16 CUDA tensor.
 
     Dims innermost-first ``(128, seqlen, batch*heads)``, box ``(64, box_rows, 1)``, 128-byte swizzle,
     out-of-bounds elements read as zero (PTX ISA, "Tensor Copy" / "Tensor-map": ``cp.async.bulk.tensor``).
@@ -263,12 +265,17 @@ def tensor_map(t3d, box_rows: int):
     ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
     """
     # cuda.core takes the box outermost-first: (bh, rows, cols)
-    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, PANEL_COLS))
+    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, PANEL_COLS), _is_fp16(t3d))
 
 
-def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
-    """A bf16 tensor map (128-byte swizzle, zero OOB fill) over memory at ``data_ptr`` of ``shape`` and element
-    ``strides`` (outermost first, as torch gives them), box ``box`` (outermost first)."""
+def _is_fp16(t) -> bool:
+    """Whether ``t`` holds fp16 (``torch.float16``) elements; the kernels take bf16 otherwise."""
+    return str(t.dtype) == "torch.float16"
+
+
+def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple, fp16: bool = False):
+    """A bf16 (``fp16``: fp16) tensor map (128-byte swizzle, zero OOB fill) over memory at ``data_ptr`` of
+    ``shape`` and element ``strides`` (outermost first, as torch gives them), box ``box`` (outermost first)."""
     from cuda.core import TensorMapDescriptorOptions
     from cuda.core._tensor_map import TensorMapDataType, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
@@ -280,7 +287,7 @@ def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
     view = StridedMemoryView.from_cuda_array_interface(_UnownedBf16(data_ptr, shape, strides), stream_ptr=-1)
     opts = TensorMapDescriptorOptions(
         box_dim=box,
-        data_type=TensorMapDataType.BFLOAT16,
+        data_type=TensorMapDataType.FLOAT16 if fp16 else TensorMapDataType.BFLOAT16,
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
         oob_fill=TensorMapOOBFill.NONE,
     )
@@ -288,10 +295,10 @@ def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple):
 
 
 class _UnownedBf16:
-    """The memory of a bf16 CUDA tensor as a CUDA Array Interface (v3) that does not own it.
+    """The memory of a bf16 (or fp16) CUDA tensor as a CUDA Array Interface (v3) that does not own it.
 
     CAI has no bf16 type string, so it is described as 2-byte unsigned ints (``<u2``) and the tensor map
-    gets the element type explicitly (``TensorMapDataType.BFLOAT16``)."""
+    gets the element type explicitly (``TensorMapDataType.BFLOAT16`` or ``FLOAT16``)."""
 
     def __init__(self, data_ptr: int, shape: tuple, strides: tuple):
         self.__cuda_array_interface__ = {
@@ -312,12 +319,14 @@ def feature_variant(
     strided: bool = False,
     head_dim: int | None = None,
     seqlen_k: int | None = None,
+    fp16: bool = False,
 ) -> Rung:
     """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9) and
     ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes),
     memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself. A causal
     call of ``rung.head_dim`` with ``seqlen_k`` up to ``Rung.causal_short``'s bound takes that entry's tile
-    sizes. ``ValueError`` when the rung lacks a requested feature or head_dim."""
+    sizes. ``fp16``: fp16 Q, K, V, O (the ``"fp16"`` feature, macro ``FP16``; else bf16). ``ValueError`` when
+    the rung lacks a requested feature or head_dim."""
     head_dim = rung.head_dim if head_dim is None else head_dim
     short = bool(
         causal
@@ -326,12 +335,14 @@ def feature_variant(
         and seqlen_k is not None
         and seqlen_k <= rung.causal_short[0]
     )
-    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short)
+    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short, bool(fp16))
 
 
 @functools.cache
-def _variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, short: bool) -> Rung:
-    want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided}
+def _variant(
+    rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, short: bool, fp16: bool = False
+) -> Rung:
+    want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided, "fp16": fp16}
     missing = [f for f, on in want.items() if on and f not in rung.features]
     if missing:
         raise ValueError(f"{rung.key} does not support {', '.join(missing)} (supported: {rung.features or 'none'})")
@@ -351,6 +362,8 @@ def _variant(rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head
         "WRITE_LSE": int(lse),
         "STRIDED": int(strided),
     }
+    if fp16:  # FP16 is left out of the bf16 variants' macros (their compile-cache keys stay as they were)
+        defines["FP16"] = 1
     return dataclasses.replace(rung, extra_defines=defines)
 
 
@@ -367,10 +380,10 @@ def _check_strided(q, k, v, o) -> None:
 
 
 def _tensor_map_4d(t, box_rows: int, device_index: int):
-    """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 tensor, as it lies (box ``(64, box_rows, 1, 1)``,
-    128-byte swizzle, zero OOB fill), memoised in the 3-D maps' cache by (address, shape, strides, box, device).
-    A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), box_rows, device_index)  # never equal to a 3-D map's key
+    """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 or fp16 tensor, as it lies (box ``(64, box_rows, 1,
+    1)``, 128-byte swizzle, zero OOB fill), memoised in the 3-D maps' cache by (address, shape, strides, dtype,
+    box, device). A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, box_rows, device_index)  # never a 3-D map's key
     tm = _TMAP_CACHE.get(key)
     if tm is None:
         strides = list(t.stride())
@@ -379,11 +392,12 @@ def _tensor_map_4d(t, box_rows: int, device_index: int):
             if t.shape[i] == 1:
                 strides[i] = packed
             packed *= t.shape[i]
-        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), (1, 1, box_rows, PANEL_COLS)))
+        box = (1, 1, box_rows, PANEL_COLS)
+        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), box, _is_fp16(t)))
     return tm
 
 
-def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None) -> None:
+def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=None):
     """Launch ``rung`` on torch's current stream: ``o = softmax(scale * q k^T) v``.
 
     ``causal`` applies torch's ``is_causal=True`` mask (top-left aligned); ``k``/``v`` may have fewer heads
@@ -391,7 +405,8 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     ``lse``, an fp32 ``(B, H, Sq)`` contiguous tensor, receives the natural-log log-sum-exp of each row's
     scaled scores. These need a rung whose ``features`` include them (the top rung), else ``ValueError``.
 
-    ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16, contiguous, 16-byte aligned, on one
+    ``q, o``: ``(B, H, Sq, 128)``; ``k, v``: ``(B, H, Sk, 128)``; bf16 (or fp16, all four, on a rung with the
+    ``"fp16"`` feature), contiguous, 16-byte aligned, on one
     CUDA device, every size >= 1, each tensor under 2^31 elements (:func:`attnclimb.ops.forward` splits
     larger calls with :func:`attnclimb.runtime.layout.plan_chunks`). Raises ``CompileError`` on a first-use
     compile failure and ``RuntimeError`` (or cuda.core's ``CUDAError``) when a CUDA call fails.
@@ -406,24 +421,42 @@ def run_rung(rung: Rung, q, k, v, o, scale: float, *, causal: bool = False, lse=
     :func:`_plan_key` (rung, device, dtype, shapes, strides and addresses of Q, K, V, O's shape, strides and
     alignment, scale, causal, with or without LSE). A repeated call is that key, one dictionary lookup and
     the launch; a call that differs in any of them plans afresh (and raises as a fresh plan would).
+
+    Returns the :class:`_Plan` it launched (``None`` for rung 0, which is not planned); the drop-in layer
+    remembers it for a repeated call (``attnclimb.ops.fast_call``).
     """
     if rung.abi == "unfused":  # rung 0: a score workspace and three launches per call; not planned
         _run_unfused(rung, q, k, v, o, scale, causal, lse)
-        return
+        return None
     dev = q.device.index
     key = _plan_key(rung, dev, q, k, v, o, scale, causal, lse)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _remember_plan(key, _plan(rung, q, k, v, o, scale, bool(causal), lse))
+    launch_plan(plan, dev, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+    return plan
+
+
+def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
+    """Launch ``plan`` (on device ``dev``) with O and the LSE at ``o_ptr`` and ``lse_ptr`` (0 for none) on
+    torch's current stream, making the device's context current in this thread first (once per thread)."""
     lr = plan.lr
     _ensure_context(lr)
-    stream = lr.stream_for_handle(current_stream_handle(dev))
-    plan.launch(stream, o.data_ptr(), 0 if lse is None else lse.data_ptr())
+    handle = current_stream_handle(dev)
+    packed = plan.packed  # read once: another thread may switch it off in between
+    if packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
+        try:
+            packed.launch(handle, o_ptr, lse_ptr)
+            return
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
+            _packed.disable(exc)
+            plan.packed = None
+    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr)
 
 
 def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
-    """What a :class:`_Plan` depends on: the rung, device and dtype (bf16 is all the kernels take; a key of
-    another would plan the same, but stays apart); shapes, strides and addresses of Q, K and V (their tensor
+    """What a :class:`_Plan` depends on: the rung, device and dtype (bf16 or fp16: the variant and the tensor
+    maps' element type); shapes, strides and addresses of Q, K and V (their tensor
     maps encode all three); O's shape and strides (the strided variant, O's stride arguments) and its
     address modulo 16 (the strided variant's alignment check); scale, causal, LSE or not. Not O's or the
     LSE's address (passed per launch) nor the stream (looked up per launch)."""
@@ -466,14 +499,19 @@ class _Plan:
     """One fused rung's launch with all but O's and the LSE's addresses and the stream fixed: the loaded
     (variant of the) rung, its ``attn_fwd`` kernel and launch configuration, and the kernel arguments before
     O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``; ``None`` for a
-    kernel without the top rung's extra arguments, which takes no LSE)."""
+    kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same launch with the
+    arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or ``None``
+    where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
 
-    __slots__ = ("config", "head", "kernel", "lr", "middle", "tail")
+    __slots__ = ("config", "head", "kernel", "lr", "middle", "packed", "tail")
 
     def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
         self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
+        o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
+        args = (*head, 0, *middle) if tail is None else (*head, 0, *middle, 0, *tail)
+        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse)
 
     def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
         """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
@@ -492,8 +530,11 @@ def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
     # Non-contiguous Q, K, V or O: read and written in place through 4-D tensor maps and O's strides, on a
     # rung with the "strided" feature; each must pass layout.tma_layout_reason (and O's strides be even).
     strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous())
-    if causal or gqa or lse is not None or strided or head_dim != rung.head_dim:
-        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2])
+    if not (q.dtype == k.dtype == v.dtype == o.dtype):
+        raise ValueError(f"q, k, v, o must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {o.dtype}")
+    fp16 = _is_fp16(q)
+    if causal or gqa or lse is not None or strided or head_dim != rung.head_dim or fp16:
+        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2], fp16)
     if strided:
         _check_strided(q, k, v, o)
     return rung, strided

@@ -1,0 +1,89 @@
+"""Bring a device call's returned files into the repository: ``python scripts/after_device.py DIR [DIR ...]``.
+
+DIR is a folder the device tool copied ``$OUT`` into (``files_at``). For each file found there:
+
+* a bench results JSON (``<device>-YYYYMMDD-HHMMSS.json`` with a ``rows`` list; ``latest.json`` is skipped):
+  copied to ``benchmarks/results/`` and, the newest of them, to ``benchmarks/results/latest.json``; then
+  ``python -m attnclimb report`` (README table, rung pages, chart) and ``scripts/update_diff_quotes.py``;
+* ``timelines.tgz`` (``device_job.sh trace``): its ``rungNN.json`` / ``rungNN.png`` into
+  ``docs/figures/timelines/`` (the SVGs are not kept);
+* ``ab_*.json`` (``scripts/ab_rungs.py``): copied to ``benchmarks/ab/`` as ``ab-<name>-h200-<date>.json``;
+* ``ncu_*.tgz``: unpacked into ``/tmp/ncu-<label>/`` and summarised with ``scripts/ncu_mix.py`` (the
+  source pages are not committed).
+
+It prints what it did and what is left to do by hand (the rung pages' prose, the benchmarks/ab README's
+table, the commit). Nothing here needs a GPU.
+"""
+
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _is_bench(path: Path) -> bool:
+    if path.name == "latest.json":
+        return False
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("rows"), list) and "shapes" in doc and "date" in doc
+
+
+def main(dirs) -> int:
+    benches, todo = [], []
+    today = datetime.date.today().strftime("%Y%m%d")
+    for d in map(Path, dirs):
+        for f in sorted(d.iterdir()):
+            if f.suffix == ".json" and _is_bench(f):
+                dst = ROOT / "benchmarks" / "results" / f.name
+                shutil.copyfile(f, dst)
+                benches.append(dst)
+                print(f"bench results -> {dst.relative_to(ROOT)}")
+            elif f.name == "timelines.tgz":
+                out = ROOT / "docs" / "figures" / "timelines"
+                with tarfile.open(f) as tar:
+                    for m in tar.getmembers():
+                        name = Path(m.name).name
+                        if m.isfile() and name.startswith("rung") and name.endswith((".json", ".png")):
+                            (out / name).write_bytes(tar.extractfile(m).read())
+                            print(f"timeline -> {(out / name).relative_to(ROOT)}")
+                todo.append("embed new timelines on their rung pages (see rung 12's 'Measured timeline')")
+            elif f.name.startswith("ab_") and f.suffix == ".json":
+                dst = ROOT / "benchmarks" / "ab" / f"ab-{f.stem[3:].replace('_', '-')}-h200-{today}.json"
+                shutil.copyfile(f, dst)
+                print(f"A/B -> {dst.relative_to(ROOT)}  (python scripts/ab_table.py {dst.relative_to(ROOT)} A B)")
+                todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")
+            elif f.name.startswith("ncu_") and f.name.endswith(".tgz"):
+                label = f.name[4:-4]
+                tmp = Path("/tmp") / f"ncu-{label}"
+                tmp.mkdir(exist_ok=True)
+                with tarfile.open(f) as tar:
+                    tar.extractall(tmp, filter="data")
+                csvs = sorted(tmp.glob("*_sass.csv"))
+                if csvs:
+                    subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_mix.py"), f"{label}={csvs[0]}"])
+                print(f"ncu {label}: details page in {tmp}")
+    if benches:
+        newest = max(benches, key=lambda p: json.loads(p.read_text())["date"])
+        shutil.copyfile(newest, ROOT / "benchmarks" / "results" / "latest.json")
+        print(f"latest.json = {newest.name}")
+        for cmd in (["-m", "attnclimb", "report", "benchmarks/results/latest.json"], ["scripts/update_diff_quotes.py"]):
+            subprocess.run([sys.executable, *cmd], cwd=ROOT, check=True)
+        todo.append("check the commit recorded in the bench JSON (ATTNCLIMB_GIT_COMMIT)")
+    for t in dict.fromkeys(todo):
+        print(f"left to do: {t}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__.split("\n\n")[0], file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1:]))
