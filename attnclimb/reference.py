@@ -129,7 +129,7 @@ def online_rescale_fp32(m_old, err_old, m_new, c, shift=False):
 F16_MAX = 65504.0
 
 
-def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16):
+def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None):
     """The kernels' arithmetic (see the module docstring); float32 results (fp16 O with fp16 P)."""
     f32 = torch.float32
     fp16 = p_dtype == torch.float16
@@ -159,6 +159,9 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
                 s = torch.cat([s, s.new_full((b, h, rows, block_n - kt.shape[2]), -math.inf)], dim=-1)
                 vt = torch.cat([vt, vt.new_zeros(b, h, block_n - vt.shape[2], d)], dim=2)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            if rescale_threshold is not None:  # rung 14: keep the reference while the new max's P <= 2^τ
+                keep = _fma32(m_new - m, c.expand_as(m), err) <= rescale_threshold
+                m_new = torch.where(keep, m, m_new)
             if fp16:  # P·2^−k (softmax.cuh, "fp16 P"): one FADD after the FFMA, in fp32
                 alpha, mul, neg_ref, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)) - shift)
@@ -182,7 +185,7 @@ LN2_F32 = torch.tensor(math.log(2.0), dtype=torch.float32)
 
 
 def kernel_lse_fp32(m, l, scale, c, shift=False):
-    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``13_const_desc.cu``, as in rung 12).
+    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``14_lazy_rescale.cu``, as in rungs 12 and 13).
 
     ``m``: the rows' final running max of raw scores, ``l``: their row sums of P (float32 tensors),
     ``scale``: the float32 scale (``> 0``, after the kernels' negation and FLT_MIN clamp), ``c = scale·log2 e``.
@@ -213,6 +216,7 @@ def attention_tiled(
     return_lse=False,
     kernel_fp32=False,
     p_dtype=torch.bfloat16,
+    rescale_threshold=None,
 ):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
@@ -222,16 +226,21 @@ def attention_tiled(
     kernels' fp32 arithmetic instead (``base2`` and ``dtype`` are then ignored; ``O`` is float32, the
     LSE float64): inputs should hold bf16 values. With it, ``p_dtype=torch.float16`` models the top rung's
     FP16 variant (inputs holding fp16 values; P shifted per row and rounded to fp16, ``softmax.cuh``; ``O``
-    is then float16, as the kernel writes it).
+    is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 14's
+    ``RESCALE_THRESHOLD``, 8.0) models the lazy rescale: a row keeps its reference (its running max) while
+    the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold``.
 
-    Raises ``ValueError`` for non-positive tile sizes, incompatible shapes or another ``p_dtype``.
+    Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
+    ``rescale_threshold`` without ``kernel_fp32``.
     """
     _check(q, k, v)
     if block_m <= 0 or block_n <= 0:
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kernel_fp32:
-        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype)
+        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold)
+    if rescale_threshold is not None:
+        raise ValueError("rescale_threshold models the kernels' fp32 arithmetic: pass kernel_fp32=True")
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal

@@ -365,6 +365,26 @@ RUNGS: tuple[Rung, ...] = (
         head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
+    # Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
+    # than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch.
+    Rung(
+        14,
+        "lazy_rescale",
+        "a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
+        "tma",
+        block_m=128,
+        block_n=176,
+        threads=384,
+        smem_layout="tma_ring",
+        extra_defines={"NUM_STAGES": 2},
+        q_box_rows=128,
+        kv_box_rows=176,
+        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
+        persistent=True,
+        features=("causal", "gqa", "lse", "strided", "fp16"),
+        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

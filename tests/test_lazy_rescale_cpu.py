@@ -1,0 +1,152 @@
+"""Rung 14's lazy rescale on the CPU: the float32 model of its softmax (``attention_tiled(kernel_fp32=True,
+rescale_threshold=8.0)``, ``attnclimb/reference.py``) against float64, at the edges of the rule, and the
+kernel's constant against the model's.
+
+The rule (``14_lazy_rescale.cu``): a row keeps its reference (its running max m) while the new max's P
+against it, ``2^((m_new − m)·c + err)``, is at most ``2^RESCALE_THRESHOLD``; only then is alpha exactly 1
+and the O rescale skipped.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnclimb import reference as _reference
+from attnclimb import rungs
+from attnclimb.reference import (
+    LOG2E,
+    attention_exact,
+    attention_tiled,
+    far_offset_inputs,
+    lse_exact,
+    rel_l2,
+)
+
+TAU = 8.0
+F16 = torch.float16
+
+
+def test_kernel_threshold_is_the_models():
+    """The kernel's RESCALE_THRESHOLD is the threshold these tests model, and rung 14 is the rung with it."""
+    src = rungs.get(14).source.read_text()
+    m = re.search(r"#define RESCALE_THRESHOLD ([0-9.]+)f", src)
+    assert m and float(m[1]) == TAU
+    assert "RESCALE_THRESHOLD" not in rungs.get(13).source.read_text()
+
+
+def _rising_tiles(step_log2, tiles=8, block_n=128, seqlen_q=16, seed=0):
+    """Scores that rise tile by tile by ``step_log2`` in units of c (scale 1, so c = log2 e): Q = e_0, K's
+    column 0 holds the score, every key of tile t scores t·δ minus a small spread (bf16 values), V random.
+    Each row's max grows at every tile; with a step under the threshold a lazy row keeps its reference for a
+    tile and its P reach about 2^step."""
+    g = torch.Generator().manual_seed(seed)
+    delta = step_log2 / LOG2E
+    sk = tiles * block_n
+    base = torch.arange(sk, dtype=torch.float64) // block_n * delta
+    spread = torch.rand(sk, generator=g, dtype=torch.float64) * 0.25
+    q = torch.zeros(1, 1, seqlen_q, 128, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, sk, 128, dtype=torch.float64)
+    k[0, 0, :, 0] = base - spread
+    v = torch.randn(1, 1, sk, 128, generator=g, dtype=torch.float64)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def _largest_p(q, k, tau, block_n=128):
+    """The largest P the lazy model forms on these inputs (log2), i.e. how far a kept reference lags."""
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)).float()
+    c = torch.tensor(LOG2E, dtype=torch.float32)
+    m = torch.full(s.shape[:-1] + (1,), _reference.ROW_MAX_INIT)
+    err = torch.zeros_like(m)
+    worst = -math.inf
+    for n0 in range(0, s.shape[-1], block_n):
+        t = s[..., n0 : n0 + block_n]
+        m_new = torch.maximum(m, t.amax(-1, keepdim=True))
+        keep = _reference._fma32(m_new - m, c.expand_as(m), err) <= tau
+        m_new = torch.where(keep, m, m_new)
+        _, mul, neg_ref, err = _reference.online_rescale_fp32(m, err, m_new, c)
+        worst = max(worst, _reference._fma32(t, mul.expand_as(t), neg_ref.expand_as(t)).max().item())
+        m = m_new
+    return worst
+
+
+@pytest.mark.parametrize("step", [7.9, 4.0, 8.5, 16.0])
+def test_lazy_model_rising_max(step):
+    """The running max rises every tile. A step under the threshold keeps the reference on every other tile,
+    so P reach ~2^step (checked: the path is taken); over it, every tile rescales (P <= 1). Either way O and
+    the LSE are those of float64 within bf16's tolerance, and the lazy output differs from the eager one
+    only by rounding."""
+    q, k, v = _rising_tiles(step)
+    worst = _largest_p(q, k, TAU)
+    assert worst <= TAU
+    assert worst > step - 0.5 if step <= TAU else worst <= 0.0
+    ref = attention_exact(q, k, v, 1.0)
+    out, lse = attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True, rescale_threshold=TAU, return_lse=True)
+    eager, eager_lse = attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True, return_lse=True)
+    assert rel_l2(out, ref) < 5e-3 and rel_l2(out, eager) < 5e-3
+    want = lse_exact(q, k, 1.0)
+    assert ((lse - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-6
+    assert ((lse - eager_lse).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-6
+
+
+def test_lazy_model_threshold_bounds_p():
+    """What the threshold is for: without a bound a kept reference lets P grow with the max. Scores rising by
+    2^126 per tile with a threshold of 200 keep a reference for a tile whose 128 P near 2^126 sum past fp32's
+    range (l = inf, a NaN output); 8 keeps every P <= 2^8."""
+    q, k, v = _rising_tiles(126.0, tiles=3)
+    assert torch.isfinite(attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True, rescale_threshold=TAU)).all()
+    loose = attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True, rescale_threshold=200.0)
+    assert not torch.isfinite(loose).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.integers(0, 121),
+    scale=st.sampled_from([1.0, 1 / math.sqrt(128), 0.3, 7.5, 1e-30]),
+    ties=st.booleans(),
+    block_n=st.sampled_from([64, 128, 176]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_lazy_model_any_magnitude(p, scale, ties, block_n, seed):
+    """Scores from 0 to the fp32 limit, both signs, soft and hard rows, ties, a scale near 0 (where even the
+    initial −FLT_MAX reference may be kept: it is a valid one, P <= 2^8): the lazy model is as exact as the
+    eager one, and its LSE agrees with the eager model's."""
+    q, k, v = far_offset_inputs(1, 4, 600, p, scale, ties=ties, generator=torch.Generator().manual_seed(seed))
+    out, lse = attention_tiled(
+        q, k, v, scale, block_n=block_n, kernel_fp32=True, rescale_threshold=TAU, return_lse=True
+    )
+    _, eager_lse = attention_tiled(q, k, v, scale, block_n=block_n, kernel_fp32=True, return_lse=True)
+    assert torch.isfinite(out).all()
+    assert rel_l2(out, attention_exact(q, k, v, scale)) < 6e-3
+    fin = torch.isfinite(eager_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    assert ((lse - eager_lse)[fin].abs() / eager_lse[fin].abs().clamp(min=1.0)).max().item() < 1e-6
+
+
+@pytest.mark.parametrize("log2_mc", [25, 27, 29])
+def test_lazy_fp16_model_rising_keys(log2_mc):
+    """The FP16 variant's shift k with the lazy rule (rung 14 carries both): keys in rising order near
+    2^log2_mc, 176-key tiles; no zero row, O within fp16's tolerance, LSE within 0.75 fp32 ulp, as for the
+    eager model (tests/test_reference_cpu.py)."""
+    from test_reference_cpu import _fp16_rising_inputs
+
+    q, k, v, scale = _fp16_rising_inputs(log2_mc)
+    ref = attention_exact(q, k, v, scale)
+    out, lse = attention_tiled(
+        q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16, return_lse=True, rescale_threshold=TAU
+    )
+    assert rel_l2(out, ref) < 1e-3
+    assert bool((out.double().abs().amax(-1) > 0).all())
+    want = lse_exact(q, k, scale)
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs())) - 23)
+    assert ((lse - want).abs() / ulp).max().item() < 0.75
+
+
+def test_rescale_threshold_needs_the_kernel_model():
+    q = torch.zeros(1, 1, 4, 128)
+    with pytest.raises(ValueError, match="kernel_fp32"):
+        attention_tiled(q, q, q, 1.0, rescale_threshold=TAU)
