@@ -44,7 +44,7 @@ class Rung:
             ``"lse"``, ``"strided"``, ``"fp16"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``, ``FP16``:
             fp16 Q, K, V and O instead of bf16); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
-            (``docs/kernel-abi.md``). Rungs 12 and 13 (the top rung) have them; the lower rungs are left as
+            (``docs/kernel-abi.md``). Rungs 12, 13 and 14 (the top rung) have them; the lower rungs are left as
             they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its

@@ -2,11 +2,10 @@
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite
-#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 12-13,
-#                                           the measured timeline of rung 13 (5-12 are committed)
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 13 against rung 12 and
-#                                           make_variants.py's variants of rung 13, with FA4 in the same run, ncu of
-#                                           rung 13 and FA4, the full bench
+#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 13-14
+#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 14 against rung 13 and
+#                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
+#                                           rung 14 and FA4, the full bench
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
@@ -26,7 +25,7 @@ case "${1:-}" in
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "12 13" trace "13"
+    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "13 14"
     ;;
   peers)
     cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
@@ -35,9 +34,9 @@ case "${1:-}" in
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab
     args=(); for v in ${AB_VARIANTS:-nopp=.ab/nopp tree=.ab/tree}; do [ -d "${v#*=}" ] && args+=(--variant "$v"); done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 12,13 "${args[@]}" --rounds 3 \
-      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600 --out "$OUT/ab_variants.json" 2>&1 | tail -12
-    bash scripts/device_job.sh ncu "r13 rung13 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 "${args[@]}" --rounds 3 \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
+    bash scripts/device_job.sh ncu "r14 rung14 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
     ;;
   capstone)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}

@@ -1,5 +1,5 @@
-"""Figures of rungs 10-13: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
-wide K/V tiles, the wgmma descriptors advanced by constant adds."""
+"""Figures of rungs 10-14: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale."""
 
 from __future__ import annotations
 
@@ -1197,6 +1197,112 @@ def rung13_budget(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 14
+
+LAZY_SEQLEN, LAZY_ROWS, LAZY_SEED = 16384, 256, 14  # the inputs of rung 14's figures: randn, head_dim 128
+
+
+def _lazy_runs():
+    """Per tile of 176 keys, for LAZY_ROWS rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128), seqlen_k
+    LAZY_SEQLEN): the rows' running max, rung 13's and rung 14's references (in s·c, log2 units) and whether
+    each 16-row warp rescales O (some row's alpha != 1), from the float32 model of the kernels
+    (attnclimb.reference: online_rescale_fp32 and rung 14's test on the kept reference)."""
+    import math
+
+    import torch
+
+    from .. import reference as ref
+
+    g = torch.Generator().manual_seed(LAZY_SEED)
+    q = torch.randn(LAZY_ROWS, 128, generator=g).bfloat16().double()
+    k = torch.randn(LAZY_SEQLEN, 128, generator=g).bfloat16().double()
+    s = (q @ k.T).float()
+    c = torch.tensor(ref.LOG2E / math.sqrt(128), dtype=torch.float32)
+    block_n = rungs.get(14).block_n
+    out = {"max": [], "ref13": [], "ref14": [], "warp13": [], "warp14": []}
+    state = {
+        13: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
+        14: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
+    }
+    run_max = torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT)
+    for n0 in range(0, LAZY_SEQLEN, block_n):
+        tile = s[:, n0 : n0 + block_n].amax(-1, keepdim=True)
+        run_max = torch.maximum(run_max, tile)
+        out["max"].append((run_max * c).squeeze(-1))
+        for n in (13, 14):
+            m, err = state[n]
+            m_new = torch.maximum(m, tile)
+            if n == 14:
+                keep = ref._fma32(m_new - m, c.expand_as(m), err) <= 8.0
+                m_new = torch.where(keep, m, m_new)
+            alpha, _, neg_ref, err_new = ref.online_rescale_fp32(m, err, m_new, c)
+            state[n] = (m_new, err_new)
+            out[f"ref{n}"].append(-neg_ref.squeeze(-1))
+            out[f"warp{n}"].append((alpha != 1).view(-1, 16).any(-1).float().mean().item() if n0 else 1.0)
+    return out
+
+
+def rung14_reference(path):
+    import matplotlib.pyplot as plt
+
+    runs = _lazy_runs()
+    tiles = 24
+    row = 0
+    fig, ax = plt.subplots(figsize=(8.6, 3.4))
+    xs = range(tiles)
+    ax.plot(xs, [float(runs["max"][t][row]) for t in xs], color=GREY, lw=1.2, marker="o", ms=3, label="running max m·c")
+    ax.step(xs, [float(runs["ref13"][t][row]) for t in xs], where="post", color=VERMILLION, lw=1.4, label="rung 13: R")
+    ax.step(
+        xs, [float(runs["ref14"][t][row]) for t in xs], where="post", color=GREEN, lw=1.4, ls="--", label="rung 14: R"
+    )
+    moves13 = [t for t in xs if t and float(runs["ref13"][t][row]) != float(runs["ref13"][t - 1][row])]
+    moves14 = [t for t in xs if t and float(runs["ref14"][t][row]) != float(runs["ref14"][t - 1][row])]
+    for t in moves13:
+        ax.annotate(
+            "",
+            (t, float(runs["ref13"][t][row])),
+            (t, float(runs["ref13"][t][row]) - 0.35),
+            arrowprops={"arrowstyle": "-|>", "color": VERMILLION, "lw": 0.8},
+        )
+    ax.set_xlabel(f"K/V tile ({rungs.get(14).block_n} keys)", fontsize=8)
+    ax.set_ylabel("log2 units (s·c)", fontsize=8)
+    ax.legend(fontsize=7.5, frameon=False, loc="lower right")
+    ax.set_title(
+        f"One row of randn Q·Kᵀ (head_dim 128, {LAZY_SEQLEN} keys), its first {tiles} tiles:\n"
+        f"rung 13 moves its reference {len(moves13)} times after the first tile (O *= alpha each time), rung 14 "
+        f"{len(moves14)} times (P against it stays <= 2^8)",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+def rung14_rescales(path):
+    import matplotlib.pyplot as plt
+
+    runs = _lazy_runs()
+    n = len(runs["warp13"])
+    fig, ax = plt.subplots(figsize=(8.6, 3.2))
+    ax.plot(range(n), runs["warp13"], color=VERMILLION, lw=1.2, label="rung 13: some row's max grew")
+    ax.plot(range(n), runs["warp14"], color=GREEN, lw=1.4, label="rung 14: some row's new max would give P > 2^8")
+    f13 = sum(runs["warp13"][1:]) / (n - 1)
+    f14 = sum(runs["warp14"][1:]) / (n - 1)
+    ax.set_xlabel(f"K/V tile ({rungs.get(14).block_n} keys)", fontsize=8)
+    ax.set_ylabel("share of 16-row warps", fontsize=8)
+    ax.set_ylim(-0.03, 1.03)
+    ax.legend(fontsize=7.5, frameon=False, loc="upper right")
+    ax.set_title(
+        f"Warps that must rescale O (64 FMUL per thread), per tile after the first: rung 13 {f13:.0%} of them, "
+        f"rung 14 {f14:.1%}\n({LAZY_ROWS} rows of randn Q·Kᵀ, head_dim 128, {LAZY_SEQLEN} keys; the float32 model "
+        "of the kernels)",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1252,5 +1358,19 @@ FIGURES = [
         rung13_budget,
         "The SASS instructions of one iteration of the consumers' steady loop in rung 12 and rung 13, by the "
         "opcodes the change moves.",
+    ),
+    (
+        14,
+        "reference",
+        rung14_reference,
+        "One row's running max and its softmax reference per K/V tile: rung 13 moves the reference (and rescales "
+        "O) whenever the max grows, rung 14 only when P against the kept reference would pass 2^8.",
+    ),
+    (
+        14,
+        "rescales",
+        rung14_rescales,
+        "The share of warps that rescale O at each K/V tile, rung 13 against rung 14, on random inputs (the "
+        "float32 model of the kernels).",
     ),
 ]
