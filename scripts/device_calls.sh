@@ -7,6 +7,9 @@
 #                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
 #                                           rung 14 and FA4, the full bench
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
+#   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
+#                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
+#                                           inputs and on BSHD views (issue 9's view/contiguous goal)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
@@ -43,6 +46,14 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --find-links .peers/video diffusers imageio-ffmpeg imageio &&
       PYTHONPATH=.:$PYTHONPATH python3 -m attnclimb capstone --config wan2.1-1.3b --out "$OUT" 2>&1 | tee "$OUT/capstone-1.3b.log" | tail -20
     ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  ab-l2)
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null
+    vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 4 --no-errors \
+      --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -8
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 6 --no-errors --bshd \
+      --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
+    ;;
+  *) sed -n 2,15p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"

@@ -1,7 +1,9 @@
 """Write the A/B variants of the top rung that issue 13 measures next, generated from the current source
 so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``nopp/13_const_desc.cu``: without the ping-pong turns (rung 10's named barriers), now that each
+* ``base/14_lazy_rescale.cu``: the top rung's source as it is, for variants that change only ``Rung`` fields
+  after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
+* ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
   warpgroup's own softmax runs under its own P·V (rung 9, fixed in issue 13);
 * ``tree/…``: the row max and row sum of a tile in four independent chains per row;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
@@ -11,7 +13,7 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
 generator as it was is at commit 34f912e, which the committed A/B files of ``desc`` name.
 
-Then ``python scripts/ab_rungs.py --rungs 13 --variant nopp=.ab/nopp --variant sleep=.ab/sleep``.
+Then ``python scripts/ab_rungs.py --rungs 14 --variant nopp=.ab/nopp --variant l2p256=.ab/base@l2_promotion=256``.
 Raises ``SystemExit`` when a pattern it rewrites is no longer in the source.
 """
 
@@ -119,6 +121,7 @@ def main(out=".ab"):
     top = rungs.TOP
     src = top.source.read_text()
     for name, fn, extra in (
+        ("base", lambda text: text, {}),
         ("nopp", nopp, {}),
         ("tree", tree, {}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
