@@ -10,6 +10,9 @@
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
+#   bash scripts/device_calls.sh ab-d64     (no carry, ~3 min) head_dim 64 (issue 8: d64 >= cuDNN): the top rung's
+#                                           d64 variant against BLOCK_N 192, 3 stages, both, and BLOCK_N 128 with
+#                                           3 stages, non-causal and causal; FA4 too if an earlier call installed it
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
@@ -54,6 +57,16 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 6 --no-errors --bshd \
       --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
     ;;
-  *) sed -n 2,15p "$0"; exit 2 ;;
+  ab-d64)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null
+    b=.ab/base; vs=(--variant "n192=$b@block_n=192,kv_box_rows=192" --variant "s3=$b@NUM_STAGES=3"
+      --variant "n192s3=$b@block_n=192,kv_box_rows=192,NUM_STAGES=3" --variant "n128s3=$b@block_n=128,kv_box_rows=128,NUM_STAGES=3")
+    for c in "" --causal; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
+    done
+    ;;
+  *) sed -n 2,18p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"
