@@ -79,6 +79,7 @@ def _fma32(a, b, c):
 
 
 ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
+RESCALE_THRESHOLD = 8.0  # rung 14's RESCALE_THRESHOLD (14_lazy_rescale.cu): P against a kept reference <= 2^8
 
 
 def _mul32_up(a, b):
@@ -126,6 +127,18 @@ def online_rescale_fp32(m_old, err_old, m_new, c, shift=False):
     return (alpha, mul, -ref, err, k) if shift else (alpha, mul, -ref, err)
 
 
+def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
+    """Float32 mirror of rung 14's lazy rule (``14_lazy_rescale.cu``): the running max a row goes on with.
+
+    ``m_old``, ``err_old``: the row's reference max and its ``err`` (:func:`online_rescale_fp32`); ``m_new``:
+    ``max(m_old, tile max)``; ``c``: ``scale·log2 e``. The new max's P against the kept reference is
+    ``2^fma(m_new − m_old, c, err_old)`` (``m_new − m_old`` a float32 subtraction, as in the kernel); while that
+    exponent is at most ``threshold`` the row keeps ``m_old`` (so alpha is exactly 1), else it takes ``m_new``.
+    """
+    keep = _fma32(m_new - m_old, c.expand_as(m_old), err_old) <= threshold
+    return torch.where(keep, m_old, m_new)
+
+
 F16_MAX = 65504.0
 
 
@@ -160,8 +173,7 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
                 vt = torch.cat([vt, vt.new_zeros(b, h, block_n - vt.shape[2], d)], dim=2)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             if rescale_threshold is not None:  # rung 14: keep the reference while the new max's P <= 2^τ
-                keep = _fma32(m_new - m, c.expand_as(m), err) <= rescale_threshold
-                m_new = torch.where(keep, m, m_new)
+                m_new = lazy_max_fp32(m, err, m_new, c, rescale_threshold)
             if fp16:  # P·2^−k (softmax.cuh, "fp16 P"): one FADD after the FFMA, in fp32
                 alpha, mul, neg_ref, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)) - shift)

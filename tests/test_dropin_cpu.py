@@ -225,7 +225,7 @@ def test_features_per_rung_come_from_the_rung(hopper):
     for r in rungs.RUNGS:
         f = support.FEATURES_BY_RUNG[r.number]
         assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
-        # fp16 is the FP16 variant of rungs 12 and 13 ("fp16" in their features); every other rung is bf16 only
+        # fp16 is the FP16 variant of rungs 12-14 ("fp16" in their features); every other rung is bf16 only
         assert f.dtypes == (support.BASE.dtypes | {torch.float16} if "fp16" in r.features else support.BASE.dtypes)
         assert ("fp16" in r.features) == (r.number >= 12)
         assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
@@ -932,9 +932,9 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     assert out.is_contiguous() and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("rung", [13, 12, 9])
+@pytest.mark.parametrize("rung", [14, 13, 12, 9])
 def test_forward_reads_tma_layouts_in_place_on_strided_rungs(monkeypatch, rung):
-    """One launch on a rung with the "strided" feature (rungs 12 and 13): a BSHD view and a fused-QKV slice
+    """One launch on a rung with the "strided" feature (rungs 12-14): a BSHD view and a fused-QKV slice
     reach the kernel as they are (no copy), an unaligned one is copied; other rungs get contiguous copies."""
     import contextlib
 

@@ -384,10 +384,10 @@ def test_fp16_shift_changes_across_tiles(number, causal, log2_mc):
     """Keys sorted ascending by K's last column (_fp16_rising_inputs, built on the CPU so that the checked
     facts are those of these very inputs): the running max of hundreds of rows grows across K/V tiles and
     their shift k changes between tiles, with alpha < 1 rescales (checked with the model for the variant's
-    tile width; the unsorted edge inputs above never change k). Rungs 12 and 13, plain and causal, with the
-    LSE, against float64 (rung 14 too, whose lazy rescale may keep a row's reference and k over several tiles):
-    no zero row, O within fp16's tolerance, the LSE within the usual bound and, without
-    the mask, within 0.75 fp32 ulp (the CPU model: tests/test_reference_cpu.py)."""
+    tile width, without the lazy rescale; the unsorted edge inputs above never change k). Rungs 12-14 (rung 14's
+    lazy rescale may keep a row's reference and k over several tiles), plain and causal, with the LSE, against
+    float64: no zero row, O within fp16's tolerance, the LSE within the usual bound and, without the mask,
+    within 0.75 fp32 ulp (the CPU model: tests/test_reference_cpu.py)."""
     from test_reference_cpu import _fp16_rising_inputs, _tile_shifts
 
     rung = rungs.get(number)

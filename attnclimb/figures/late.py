@@ -1233,8 +1233,7 @@ def _lazy_runs():
             m, err = state[n]
             m_new = torch.maximum(m, tile)
             if n == 14:
-                keep = ref._fma32(m_new - m, c.expand_as(m), err) <= 8.0
-                m_new = torch.where(keep, m, m_new)
+                m_new = ref.lazy_max_fp32(m, err, m_new, c, ref.RESCALE_THRESHOLD)
             alpha, _, neg_ref, err_new = ref.online_rescale_fp32(m, err, m_new, c)
             state[n] = (m_new, err_new)
             out[f"ref{n}"].append(-neg_ref.squeeze(-1))

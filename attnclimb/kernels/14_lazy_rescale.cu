@@ -6,10 +6,11 @@
 // wgmma wait and the next wgmma issue, on the path that feeds the tensor cores. A larger max does not
 // have to become the reference at once: P = 2^(s·c − R) is exact for any R, it only must not overflow.
 // So a row keeps its reference while the new max's P against it stays <= 2^8 (RESCALE_THRESHOLD, in
-// log2 units; P <= 256 is exact in bf16 and fp16 and leaves l and O far from fp32's range), alpha is
-// then exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a warp-uniform vote).
+// log2 units; P <= 256 is in range for bf16 and fp16 and leaves l and O far from fp32's), alpha is then
+// exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a warp-uniform vote).
 // After the first tile of a row this is almost every tile on real inputs. P, l and alpha still share one
-// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding.
+// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding; one rounding is
+// new: a dominant key's P is 2^x rather than ~1, which bf16 rounds (<= 2^-8 relative; the page measures it).
 // Sources: FlashAttention-4 (the conditional rescale of the Blackwell kernel); FlashAttention-2 Sec. 3.1
 // (online softmax); PTX ISA "Warp Vote" (vote.any).
 //

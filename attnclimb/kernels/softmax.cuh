@@ -37,6 +37,9 @@
 // 2^(Δm·c) is not negligible) and FLT_MIN·s is no longer ~0 (P not uniform for scale 0).
 // The per-score work stays one FFMA and one MUFU.EX2, branch-free; per row and tile a handful of integer
 // and FP32 instructions pick mul and R.
+// Rung 14 (lazy rescale) passes a row's old max back in as m_new while the new max's P against it stays
+// <= 2^8: then α = 1 exactly, and the bounds above hold with 2^8 in place of 1 (every P <= 2^8, l <=
+// 2^8·seqlen_k, O within 2^8·Σ|V|); its page (docs/rungs/14-lazy-rescale.md) has the argument.
 //
 //
 // fp16 P (the top rung's FP16 variant). P is rounded to the input type for the P·V MMA. bf16 keeps
