@@ -616,7 +616,9 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
     monkeypatch.setattr(launch, "loaded", lambda r, dev: FakeLoaded())
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
-    monkeypatch.setattr(launch, "_tensor_map_of", lambda t, bh, rows, box, dev: ("map", t.data_ptr(), bh, rows, box))
+    monkeypatch.setattr(
+        launch, "_tensor_map_of", lambda t, bh, rows, box, dev, l2_promotion=0: ("map", t.data_ptr(), bh, rows, box)
+    )
     b, h, sq, sk = 2, 3, 300, 200
     q, o = torch.empty(b, h, sq, 128, dtype=BF16), torch.empty(b, h, sq, 128, dtype=BF16)
     k, v = torch.empty(b, h, sk, 128, dtype=BF16), torch.empty(b, h, sk, 128, dtype=BF16)
