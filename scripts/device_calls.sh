@@ -13,6 +13,9 @@
 #   bash scripts/device_calls.sh ab-d64     (no carry, ~3 min) head_dim 64 (issue 8: d64 >= cuDNN): the top rung's
 #                                           d64 variant against BLOCK_N 192, 3 stages, both, and BLOCK_N 128 with
 #                                           3 stages, non-causal and causal; FA4 too if an earlier call installed it
+#   bash scripts/device_calls.sh ab-short   (no carry, ~2 min) short K/V (issue 13: 1k and the 512-key cross-attention,
+#                                           where cuDNN leads): rung 14 against BLOCK_N 128 with 2 and 3 stages; and
+#                                           rung 13 against rung 14 causal at 1k-16k (rung 14's causal gain, unmeasured)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
@@ -67,6 +70,16 @@ case "${1:-}" in
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
     done
     ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  ab-short)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null
+    b=.ab/base; L=block_n=128,kv_box_rows=128
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant "b128s2=$b@$L,NUM_STAGES=2" \
+      --variant "b128s3=$b@$L,NUM_STAGES=3" --rounds 4 --no-errors \
+      --shapes 16x16x1024,8x16x2048,1x40x75600x512,16x40x1024x512 --out "$OUT/ab_short.json" 2>&1 | tail -6
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
+    ;;
+  *) sed -n 2,21p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"
