@@ -1,0 +1,101 @@
+"""Rung 14's lazy rescale on the GPU, tied to its float32 model (needs a Hopper GPU).
+
+The GPU suite compares every rung with float64 at bf16's tolerance, which cannot tell the lazy rescale from
+the eager one. These tests can: on inputs where the rule decides the result's last bits, rung 14's output
+must follow the lazy model (``attention_tiled(..., kernel_fp32=True, rescale_threshold=8.0)``) and rung 13's
+the eager one. They also check the edges of the rule on the kernel: scale 0, a soft row whose new max lands
+in the hard range, and scores rising by just under and over the threshold.
+"""
+
+import math
+
+import pytest
+import torch
+from test_gpu_features import run_features
+from test_lazy_rescale_cpu import TAU, _rising_tiles
+
+from attnclimb import rungs
+from attnclimb.reference import LOG2E, attention_exact, attention_tiled, lse_exact, rel_l2
+
+pytestmark = pytest.mark.gpu
+LAZY, EAGER = rungs.get(14), rungs.get(13)
+
+
+def _dominant_key_inputs(step, seed=1):
+    """The CPU test's rows dominated by one key ``step`` (log2 units) above a kept reference
+    (tests/test_lazy_rescale_cpu.py, test_lazy_model_dominant_key_rounding), with 176-key tiles: the first
+    max in tile 0, the dominant key in tile 1."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 2, 400, 128, dtype=torch.float64)
+    k[..., 0] = -40.0
+    k[:, :, 0, 0] = 0.0
+    k[:, :, 200, 0] = round(step / LOG2E * 64) / 64
+    v = torch.randn(1, 2, 400, 128, generator=g, dtype=torch.float64)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+@pytest.mark.parametrize("step", [2.7, 5.3])
+def test_rung14_follows_the_lazy_model(step):
+    """On rows dominated by a key that rose under the threshold, rung 14's O is the lazy model's (the dominant
+    P is 2^step, rounded in bf16) and rung 13's is the eager model's (P = 1): each kernel is within half its
+    distance to the other model of its own model (both rounded to bf16 as the kernels write O; the models
+    differ by 1.6-1.9e-3 on these rows), and both are within bf16's tolerance of float64."""
+    q, k, v = _dominant_key_inputs(step)
+    block_n = LAZY.block_n
+    lazy = attention_tiled(q, k, v, 1.0, block_n=block_n, kernel_fp32=True, rescale_threshold=TAU)
+    eager = attention_tiled(q, k, v, 1.0, block_n=block_n, kernel_fp32=True)
+    assert rel_l2(lazy, eager) > 1e-4  # the inputs do separate the two rules
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
+    o13 = run_features(qc, kc, vc, scale=1.0, rung=EAGER)[0].float().cpu()
+    lazy16, eager16 = lazy.bfloat16().float(), eager.bfloat16().float()  # as the kernels write O
+    assert rel_l2(o14, lazy16) < 0.5 * rel_l2(o14, eager16)
+    assert rel_l2(o13, eager16) < 0.5 * rel_l2(o13, lazy16)
+    ref = attention_exact(q, k, v, 1.0)
+    assert rel_l2(o14, ref) < 4e-3 and rel_l2(o13, ref) < 4e-3
+
+
+@pytest.mark.parametrize("step", [4.0, 7.9, 8.5, 16.0])
+def test_rung14_rising_max(step):
+    """Scores rising tile by tile by ``step`` (the CPU test's _rising_tiles with rung 14's 176-key tiles):
+    under the threshold a row keeps its reference and its P reach ~2^step; over it every tile rescales. O and
+    the LSE against float64, NaN-poisoned outputs."""
+    q, k, v = (t.cuda() for t in _rising_tiles(step, tiles=6, block_n=LAZY.block_n, seqlen_q=64))
+    o, lse = run_features(q, k, v, scale=1.0, with_lse=True, rung=LAZY)
+    assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
+    want = lse_exact(q, k, 1.0)
+    assert ((lse.double() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
+
+
+def test_rung14_scale_zero_keeps_the_initial_reference():
+    """Scale 0 (raised to FLT_MIN): c·FLT_MAX ≈ 5.8 <= 8, so the initial −FLT_MAX "max" stays the reference
+    and every P is 2^5.77; the output is still the uniform average of V, and the LSE is ln(seqlen_k)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    o, lse = run_features(q, k, v, scale=0.0, with_lse=True, rung=LAZY)
+    mean = v.double().mean(dim=2, keepdim=True).expand_as(o)
+    assert rel_l2(o, mean) < 5e-3
+    assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(300)), rtol=1e-5)
+
+
+def test_rung14_soft_row_into_the_hard_range():
+    """A soft row whose max rises into the hard range by less than 2^8 in P keeps its soft reference (the
+    review's case at scale 1: m = 2^29 − 32 has exponent 28, so mul = c and err ≈ −46; the new max 2^29 is a
+    hard row's, and (2^29 − m)·c + err ≈ 0 <= 8). The old max's score is built as an exact fp32 sum of bf16
+    products (2^29 − 2^21 + 2^20 + ... + 2^5), the new max is 2^29, every other key 2^22 below; O is V of the
+    new max (the old one weighs e^-32) against float64, whichever way the kernel's rule went."""
+    q = torch.zeros(1, 1, 16, 128, dtype=torch.float64)
+    q[..., :17] = 1.0
+    k = torch.zeros(1, 1, 400, 128, dtype=torch.float64)
+    k[..., 0] = 2.0**29 - 2.0**22
+    k[0, 0, 0, 0] = 2.0**29 - 2.0**21
+    k[0, 0, 0, 1:17] = torch.tensor([2.0**e for e in range(20, 4, -1)], dtype=torch.float64)
+    k[0, 0, 200, 0] = 2.0**29
+    v = torch.randn(1, 1, 400, 128, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    s = (q.double() @ k.double().transpose(-1, -2))[0, 0, 0]
+    assert s[0].item() == 2.0**29 - 32 and s[200].item() == 2.0**29  # the inputs are what the docstring says
+    o = run_features(q.cuda(), k.cuda(), v.cuda(), scale=1.0, rung=LAZY)[0].float().cpu()
+    assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
