@@ -142,7 +142,9 @@ def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
 F16_MAX = 65504.0
 
 
-def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None):
+def _attention_tiled_fp32(
+    q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None, round_top_p=False
+):
     """The kernels' arithmetic (see the module docstring); float32 results (fp16 O with fp16 P)."""
     f32 = torch.float32
     fp16 = p_dtype == torch.float16
@@ -181,6 +183,10 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
                 alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
             l = l * alpha + p.sum(dim=-1, keepdim=True)
+            if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
+                top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
+                top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
+                l = l + (top.to(p_dtype).to(f32) - top)
             pv = torch.matmul(p.to(p_dtype).to(torch.float64), vt).to(f32)
             acc = acc * alpha + pv
             m = m_new
@@ -229,6 +235,7 @@ def attention_tiled(
     kernel_fp32=False,
     p_dtype=torch.bfloat16,
     rescale_threshold=None,
+    round_top_p=False,
 ):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
@@ -241,6 +248,9 @@ def attention_tiled(
     is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 14's
     ``RESCALE_THRESHOLD``, 8.0) models the lazy rescale: a row keeps its reference (its running max) while
     the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold``.
+    ``round_top_p`` (with ``kernel_fp32``; the ``lfix`` variant of rung 14, ``scripts/make_variants.py``) adds to
+    l, per row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max
+    weighs in l exactly as in P·V.
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
     ``rescale_threshold`` without ``kernel_fp32``.
@@ -250,9 +260,11 @@ def attention_tiled(
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kernel_fp32:
-        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold)
-    if rescale_threshold is not None:
-        raise ValueError("rescale_threshold models the kernels' fp32 arithmetic: pass kernel_fp32=True")
+        return _attention_tiled_fp32(
+            q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p
+        )
+    if rescale_threshold is not None or round_top_p:
+        raise ValueError("rescale_threshold and round_top_p model the kernels' fp32 arithmetic: pass kernel_fp32=True")
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal
