@@ -7,7 +7,8 @@ from ``git archive``) and any ``.cuh`` they include that the package lacks. Each
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``) and ``-D`` macros (``NUM_STAGES``) override the
 rung's own. ``--bshd`` times every implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim
-64`` (or 256) on that head_dim (the top rung's variant; the error table stays at 128).
+64`` on that head_dim (the top rung's variant, which keeps the rung's tiles and so a variant's overrides; at 256
+the rung's ``head_dims[256]`` tiles replace them; the error table stays at 128).
 FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
@@ -69,6 +70,9 @@ def variants(specs, numbers):
                 shutil.copyfile(src, other.source)
                 out.append((f"{new.key}-{label}", other))
         out.append((f"{new.key}", new))
+    for label, d, _, _ in dirs:  # a variant that matches no rung would silently drop out of the A/B
+        if not any(lab == f"{rungs.get(n).key}-{label}" for n in numbers for lab, _ in out):
+            raise SystemExit(f"ab_rungs: variant {label!r}: {d} holds none of the rungs' sources ({numbers})")
     return out
 
 

@@ -7,7 +7,10 @@ the eager one. They also check the edges of the rule on the kernel: scale 0, a s
 in the hard range, and scores rising by just under and over the threshold.
 """
 
+import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +53,8 @@ def test_rung14_follows_the_lazy_model(step):
     qc, kc, vc = (t.cuda() for t in (q, k, v))
     o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
     o13 = run_features(qc, kc, vc, scale=1.0, rung=EAGER)[0].float().cpu()
+    # (If the lfix variant is folded into rung 14, its model is round_top_p=True: this test then compares with
+    # that model, as test_lfix_variant_follows_its_model below does.)
     lazy16, eager16 = lazy.bfloat16().float(), eager.bfloat16().float()  # as the kernels write O
     assert rel_l2(o14, lazy16) < 0.5 * rel_l2(o14, eager16)
     assert rel_l2(o13, eager16) < 0.5 * rel_l2(o13, lazy16)
@@ -78,6 +83,16 @@ def test_rung14_scale_zero_keeps_the_initial_reference():
     mean = v.double().mean(dim=2, keepdim=True).expand_as(o)
     assert rel_l2(o, mean) < 5e-3
     assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(300)), rtol=1e-5)
+    # the kept reference shows in the last bits: P = 2^5.77 rounds differently from P = 1 (the models differ by
+    # ~2e-3), and rung 14 is the lazy model's, rung 13 the eager one's
+    qc, kc, vc = (t.cpu() for t in (q, k, v))
+    kw = {"block_n": LAZY.block_n, "kernel_fp32": True}
+    lazy16 = attention_tiled(qc, kc, vc, 0.0, rescale_threshold=TAU, **kw).bfloat16().float()
+    eager16 = attention_tiled(qc, kc, vc, 0.0, **kw).bfloat16().float()
+    assert rel_l2(lazy16, eager16) > 1e-3
+    o13 = run_features(q, k, v, scale=0.0, rung=EAGER)[0].float().cpu()
+    assert rel_l2(o.float().cpu(), lazy16) < 0.5 * rel_l2(o.float().cpu(), eager16)
+    assert rel_l2(o13, eager16) < 0.5 * rel_l2(o13, lazy16)
 
 
 def test_rung14_soft_row_into_the_hard_range():
@@ -99,3 +114,34 @@ def test_rung14_soft_row_into_the_hard_range():
     assert s[0].item() == 2.0**29 - 32 and s[200].item() == 2.0**29  # the inputs are what the docstring says
     o = run_features(q.cuda(), k.cuda(), v.cuda(), scale=1.0, rung=LAZY)[0].float().cpu()
     assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
+
+
+@pytest.fixture
+def lfix_rung():
+    """scripts/make_variants.py's lfix variant of rung 14 as a rung of its own (its source written beside the
+    kernels, as scripts/ab_rungs.py does, and removed afterwards)."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_variants", root / "scripts" / "make_variants.py")
+    mv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mv)
+    r = dataclasses.replace(LAZY, name=f"{LAZY.name}_lfix")
+    r.source.write_text(mv.lfix(LAZY.source.read_text()))
+    yield r
+    r.source.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("step", [2.7, 5.3])
+def test_lfix_variant_follows_its_model(lfix_rung, step):
+    """The lfix variant (l counts each tile max's P rounded, as P·V does) on the dominant-key rows: its O is
+    its model's (round_top_p=True) rather than rung 14's lazy model's, and closer to float64 than rung 14."""
+    q, k, v = _dominant_key_inputs(step)
+    kw = {"block_n": LAZY.block_n, "kernel_fp32": True, "rescale_threshold": TAU}
+    fixed16 = attention_tiled(q, k, v, 1.0, round_top_p=True, **kw).bfloat16().float()
+    lazy16 = attention_tiled(q, k, v, 1.0, **kw).bfloat16().float()
+    assert rel_l2(fixed16, lazy16) > 1e-3
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    o_fix = run_features(qc, kc, vc, scale=1.0, rung=lfix_rung)[0].float().cpu()
+    o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
+    assert rel_l2(o_fix, fixed16) < 0.5 * rel_l2(o_fix, lazy16)
+    ref = attention_exact(q, k, v, 1.0)
+    assert rel_l2(o_fix, ref) < rel_l2(o14, ref)

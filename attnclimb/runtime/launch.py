@@ -280,6 +280,8 @@ def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple, fp16: b
     """A bf16 (``fp16``: fp16) tensor map (128-byte swizzle, zero OOB fill, L2 promotion ``l2_promotion``
     bytes, 0 = none) over memory at ``data_ptr`` of ``shape`` and element ``strides`` (outermost first, as
     torch gives them), box ``box`` (outermost first)."""
+    if l2_promotion not in _L2_PROMOTION_NAMES:
+        raise ValueError(f"l2_promotion must be one of {sorted(_L2_PROMOTION_NAMES)} (bytes), got {l2_promotion!r}")
     from cuda.core import TensorMapDescriptorOptions
     from cuda.core._tensor_map import TensorMapDataType, TensorMapL2Promotion, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
