@@ -712,6 +712,8 @@ def test_tensor_map_l2_promotion(monkeypatch):
     with pytest.raises(ValueError, match="l2_promotion"):
         dataclasses.replace(rungs.TOP, l2_promotion=100)
     assert rungs.TOP.l2_promotion == 0  # today's maps: no promotion
+    with pytest.raises(ValueError, match="l2_promotion"):
+        launch._encode_map(0, (2, 300, 128), (38400, 128, 1), (1, 128, 64), False, 100)
     monkeypatch.setattr(launch, "_TMAP_CACHE", {})
     monkeypatch.setattr(
         launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: ("map", l2_promotion)
