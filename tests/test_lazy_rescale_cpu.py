@@ -164,15 +164,7 @@ def test_lazy_model_dominant_key_rounding(step):
     P = 1, exact in bf16. The cost is bounded by bf16's unit roundoff, and after O's own rounding to bf16 (what
     the kernel writes) it is under twice rung 13's error on the same rows and under 2^-8. The test pins both
     facts: the eager model is more exact here, and the lazy one stays within those bounds."""
-    g = torch.Generator().manual_seed(1)
-    q = torch.zeros(1, 1, 16, 128, dtype=torch.float64)
-    q[..., 0] = 1.0
-    k = torch.zeros(1, 1, 256, 128, dtype=torch.float64)
-    k[0, 0, :, 0] = -40.0  # every key far below the two that matter
-    k[0, 0, 0, 0] = 0.0  # tile 0: the first max (the reference)
-    k[0, 0, 135, 0] = round(step / LOG2E * 64) / 64  # tile 1: the dominant key, step above it
-    v = torch.randn(1, 1, 256, 128, generator=g, dtype=torch.float64)
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    q, k, v = _two_keys(step, rising=True)  # the first max in tile 0, the dominant key step above it in tile 1
     ref = attention_exact(q, k, v, 1.0)
     lazy = attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True, rescale_threshold=TAU)
     eager = attention_tiled(q, k, v, 1.0, block_n=128, kernel_fp32=True)
