@@ -164,7 +164,8 @@ def _attention_tiled_fp32(
         qt = q[:, :, m0 : m0 + block_m]
         rows = qt.shape[2]
         m = torch.full((b, h, rows, 1), ROW_MAX_INIT, dtype=f32)
-        err = torch.zeros((b, h, rows, 1), dtype=f32)
+        # rung 14 starts each row at err = +inf: its first tile always takes its own max as the reference
+        err = torch.full((b, h, rows, 1), math.inf if rescale_threshold is not None else 0.0, dtype=f32)
         l = torch.zeros((b, h, rows, 1), dtype=f32)
         acc = torch.zeros((b, h, rows, d), dtype=f32)
         for n0 in range(0, sk, block_n):
@@ -247,10 +248,11 @@ def attention_tiled(
     FP16 variant (inputs holding fp16 values; P shifted per row and rounded to fp16, ``softmax.cuh``; ``O``
     is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 14's
     ``RESCALE_THRESHOLD``, 8.0) models the lazy rescale: a row keeps its reference (its running max) while
-    the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold``.
-    ``round_top_p`` (with ``kernel_fp32``; the ``lfix`` variant of rung 14, ``scripts/make_variants.py``) adds to
-    l, per row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max
-    weighs in l exactly as in P·V.
+    the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold`` (a row's
+    first tile always rescales: ``err`` starts at +inf). ``round_top_p`` (with ``kernel_fp32``) adds to l, per
+    row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
+    l exactly as in P·V. Rung 14 is ``rescale_threshold=8.0, round_top_p=True``; without ``round_top_p`` the
+    model is rung 14 as first landed (its ``nolfix`` A/B variant, ``scripts/make_variants.py``).
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
     ``rescale_threshold`` without ``kernel_fp32``.

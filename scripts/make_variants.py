@@ -3,8 +3,8 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 
 * ``base/14_lazy_rescale.cu``: the top rung's source as it is, for variants that change only ``Rung`` fields
   after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
-* ``lfix/14_lazy_rescale.cu``: l counts each tile max's P rounded, as P·V does (removes the rounding the lazy
-  rescale added on rows dominated by a key that rose over a kept reference; rung 14's page);
+* ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
+  rounds it; rung 14's page), to measure what the fix costs;
 * ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
   warpgroup's own softmax runs under its own P·V (rung 9, fixed in issue 13);
 * ``tree/…``: the row max and row sum of a tile in four independent chains per row;
@@ -91,12 +91,8 @@ def tree(src: str) -> str:
         1,
     )
     join = "for (int r = 0; r < 2; ++r) row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);\n"
-    src = _sub(
-        src,
-        "            row_sum[r] *= alpha[r];\n        }\n",
-        "            row_sum[r] *= alpha[r];\n        }\n        float ps[2][4] = {};  // the row sums' four chains\n",
-        1,
-    )
+    end_of_rows = "            if (t == 0) row_sum[r] += p_top_rounded - p_top;\n        }\n"
+    src = _sub(src, end_of_rows, end_of_rows + "        float ps[2][4] = {};  // the row sums' four chains\n", 1)
     src = _sub(src, "row_sum[e >> 1] += s[j][e];", "ps[e >> 1][j % 4] += s[j][e];")
     slow_exit = "            return;\n        }\n#endif\n"  # the FP16 slow path's end (absent in older sources)
     if slow_exit in src:
@@ -104,37 +100,24 @@ def tree(src: str) -> str:
     return _sub(src, "    };\n    auto issue_qk", "#pragma unroll\n        " + join + "    };\n    auto issue_qk", 1)
 
 
-def lfix(src: str) -> str:
-    """Rung 14 with l counting each tile max's P as the P·V wgmma counts it, rounded to the element type
-    (reference.attention_tiled's ``round_top_p``): per row and tile one more FFMA + MUFU.EX2, a round trip
-    through bf16 (fp16) and an FADD on one lane of the quad. It removes the one rounding the lazy rescale added
-    (a dominant key's P = 2^x rounded in P·V but not in l; docs/rungs/14-lazy-rescale.md)."""
+def nolfix(src: str) -> str:
+    """Rung 14 as first landed (a241a2f, before the l fix): l sums the unrounded P, so a key
+    that dominates its row above a kept reference weighs 2^x in l but bf16(2^x) in P·V (the rounding the
+    page measures). For the fix's cost: per row and tile one FFMA + MUFU.EX2 fewer, and no round trip through
+    bf16 (fp16). The +inf start of ``row_err`` stays (it changes no instruction in the loop)."""
     src = _sub(
         src,
-        "            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));\n",
         "            const float t_max = quad_max(tile_max[r]);\n            float m_new = fmaxf(row_max[r], t_max);\n",
+        "            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));\n",
         1,
     )
     return _sub(
-        src,
-        "            row_sum[r] *= alpha[r];\n        }\n",
-        """            row_sum[r] *= alpha[r];
-            // lfix: the tile max's P (the same FFMA and ex2 as its score's below) enters l rounded, as in P·V
-            const float p_top = smx::fast_exp2(fmaf(t_max, rs[r].mul, rs[r].neg_ref) - rs[r].shift);
-#if FP16
-            const float p_top_rounded = __half2float(__float2half_rn(p_top));
-#else
-            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
-#endif
-            if (t == 0) row_sum[r] += p_top_rounded - p_top;  // once per row: the quad's sum is l
-        }
-""",
-        1,
+        src, r"\n[ \t]*// P·V sums P rounded.*?if \(t == 0\) row_sum\[r\] \+= p_top_rounded - p_top;", "", 1, regex=True
     )
 
 
 def _sub(text, old, new, count=None, regex=False):
-    n = len(re.findall(old, text)) if regex else text.count(old)
+    n = len(re.findall(old, text, flags=re.S)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
         raise SystemExit(f"make_variants: expected {count or 'some'} of {old!r} in the top rung, found {n}")
     return re.sub(old, new, text, flags=re.S) if regex else text.replace(old, new)
@@ -153,7 +136,7 @@ def main(out=".ab"):
     src = top.source.read_text()
     for name, fn, extra in (
         ("base", lambda text: text, {}),
-        ("lfix", lfix, {}),
+        ("nolfix", nolfix, {}),
         ("nopp", nopp, {}),
         ("tree", tree, {}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),

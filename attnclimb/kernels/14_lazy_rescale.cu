@@ -9,8 +9,9 @@
 // log2 units; P <= 256 is in range for bf16 and fp16 and leaves l and O far from fp32's), alpha is then
 // exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a warp-uniform vote).
 // After the first tile of a row this is almost every tile on real inputs. P, l and alpha still share one
-// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding; one rounding is
-// new: a dominant key's P is 2^x rather than ~1, which bf16 rounds (<= 2^-8 relative; the page measures it).
+// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding. A dominant key's P
+// is now 2^x rather than ~1, which bf16 rounds for P·V: l counts each tile max's P rounded the same way, so
+// that rounding cancels in O / l as it did in rung 13 (the page measures both).
 // Sources: FlashAttention-4 (the conditional rescale of the Blackwell kernel); FlashAttention-2 Sec. 3.1
 // (online softmax); PTX ISA "Warp Vote" (vote.any).
 //
@@ -387,13 +388,25 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         for (int r = 0; r < 2; ++r) {
             // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
             // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see the page).
-            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            const float t_max = quad_max(tile_max[r]);
+            float m_new = fmaxf(row_max[r], t_max);
             if (fmaf(m_new - row_max[r], scale_log2, row_err[r]) <= RESCALE_THRESHOLD) m_new = row_max[r];
             rs[r] = smx::online_rescale<FP16>(row_max[r], row_err[r], m_new, scale_log2);
             row_err[r] = rs[r].err;
             alpha[r] = rs[r].alpha;
             row_max[r] = m_new;
             row_sum[r] *= alpha[r];
+            // P·V sums P rounded to bf16 (fp16); l sums it unrounded. Above a kept reference the tile max's P
+            // is up to 2^8 and may dominate the row, so its rounding would no longer cancel in O / l: l
+            // counts that one P rounded too (the same FFMA and ex2 as its score's below; one lane of the
+            // quad).
+            const float p_top = smx::fast_exp2(fmaf(t_max, rs[r].mul, rs[r].neg_ref) - rs[r].shift);
+#if FP16
+            const float p_top_rounded = __half2float(__float2half_rn(p_top));
+#else
+            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
+#endif
+            if (t == 0) row_sum[r] += p_top_rounded - p_top;
         }
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
@@ -440,7 +453,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
-        row_err[0] = row_err[1] = row_sum[0] = row_sum[1] = 0.f;
+        // err = +inf: the first tile always takes its own max as the reference (alpha = 2^−inf = 0 scales the
+        // zero O and l). With err = 0 a scale below ~2e-38 (scale 0 is raised to FLT_MIN) would keep −FLT_MAX
+        // as the reference, c·FLT_MAX <= 8, and give every P the same rounded 2^5.8 instead of an exact 1.
+        row_err[0] = row_err[1] = CUDART_INF_F;
+        row_sum[0] = row_sum[1] = 0.f;
         TRACE_BEGIN(WAIT_Q);
         hop::mbar_wait(&bar_q, it & 1);  // this work tile's Q has landed
         TRACE_END(WAIT_Q);
