@@ -167,6 +167,7 @@ def _attention_tiled_fp32(
         # rung 14 starts each row at err = +inf: its first tile always takes its own max as the reference
         err = torch.full((b, h, rows, 1), math.inf if rescale_threshold is not None else 0.0, dtype=f32)
         l = torch.zeros((b, h, rows, 1), dtype=f32)
+        l_exact = torch.zeros((b, h, rows, 1), dtype=f32)  # l without round_top_p's roundings: the LSE's
         acc = torch.zeros((b, h, rows, d), dtype=f32)
         for n0 in range(0, sk, block_n):
             kt, vt = k[:, :, n0 : n0 + block_n], v[:, :, n0 : n0 + block_n]
@@ -184,6 +185,7 @@ def _attention_tiled_fp32(
                 alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
             l = l * alpha + p.sum(dim=-1, keepdim=True)
+            l_exact = l_exact * alpha + p.sum(dim=-1, keepdim=True)
             if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
                 top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
                 top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
@@ -196,7 +198,7 @@ def _attention_tiled_fp32(
         if fp16:  # the epilogue's clamp_f16: finite values to ±65504 (fp16-rounded P can overshoot V's range)
             o = torch.where(o.abs() < math.inf, o.clamp(-F16_MAX, F16_MAX), o)
         out[:, :, m0 : m0 + rows] = o.to(out.dtype)
-        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l, scale32, c, shift=fp16).double().squeeze(-1)
+        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l_exact, scale32, c, shift=fp16).double().squeeze(-1)
     return (out, lse) if return_lse else out
 
 
@@ -251,8 +253,9 @@ def attention_tiled(
     the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold`` (a row's
     first tile always rescales: ``err`` starts at +inf). ``round_top_p`` (with ``kernel_fp32``) adds to l, per
     row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
-    l exactly as in P·V. Rung 14 is ``rescale_threshold=8.0, round_top_p=True``; without ``round_top_p`` the
-    model is rung 14 as first landed (its ``nolfix`` A/B variant, ``scripts/make_variants.py``).
+    l exactly as in P·V (the LSE still takes the unrounded sum). Rung 14 is ``rescale_threshold=8.0,
+    round_top_p=True``; without ``round_top_p`` the model is rung 14 as first landed (its ``nolfix`` A/B
+    variant, ``scripts/make_variants.py``).
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
     ``rescale_threshold`` without ``kernel_fp32``.

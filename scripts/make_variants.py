@@ -91,7 +91,7 @@ def tree(src: str) -> str:
         1,
     )
     join = "for (int r = 0; r < 2; ++r) row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);\n"
-    end_of_rows = "            if (t == 0) row_sum[r] += p_top_rounded - p_top;\n        }\n"
+    end_of_rows = "            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);\n#endif\n        }\n"
     src = _sub(src, end_of_rows, end_of_rows + "        float ps[2][4] = {};  // the row sums' four chains\n", 1)
     src = _sub(src, "row_sum[e >> 1] += s[j][e];", "ps[e >> 1][j % 4] += s[j][e];")
     slow_exit = "            return;\n        }\n#endif\n"  # the FP16 slow path's end (absent in older sources)
@@ -104,7 +104,8 @@ def nolfix(src: str) -> str:
     """Rung 14 as first landed (a241a2f, before the l fix): l sums the unrounded P, so a key
     that dominates its row above a kept reference weighs 2^x in l but bf16(2^x) in P·V (the rounding the
     page measures). For the fix's cost: per row and tile one FFMA + MUFU.EX2 fewer, and no round trip through
-    bf16 (fp16). The +inf start of ``row_err`` stays (it changes no instruction in the loop)."""
+    bf16 (fp16). The +inf start of ``row_err`` stays (it changes no instruction in the loop), and so does
+    ``l_fix`` of the LSE variants (0 here)."""
     src = _sub(
         src,
         "            const float t_max = quad_max(tile_max[r]);\n            float m_new = fmaxf(row_max[r], t_max);\n",
@@ -112,7 +113,7 @@ def nolfix(src: str) -> str:
         1,
     )
     return _sub(
-        src, r"\n[ \t]*// P·V sums P rounded.*?if \(t == 0\) row_sum\[r\] \+= p_top_rounded - p_top;", "", 1, regex=True
+        src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True
     )
 
 

@@ -249,3 +249,7 @@ def test_round_top_p_restores_rung13s_exactness(step):
     base = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), **{**kw, "block_n": 176}), ref)
     fix = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), round_top_p=True, **{**kw, "block_n": 176}), ref)
     assert abs(fix - base) < 0.01 * base
+    # the LSE takes the sum without the fix's roundings (the kernel's l_fix): equal with and without it
+    q, k, v = _two_keys(step, rising=True)
+    lse_fix = attention_tiled(q, k, v, 1.0, round_top_p=True, return_lse=True, **kw)[1]
+    assert torch.equal(lse_fix, attention_tiled(q, k, v, 1.0, return_lse=True, **kw)[1])

@@ -53,9 +53,13 @@ def test_rung14_follows_its_model_and_is_as_exact_as_rung13(step):
     fixed16, unfixed16, eager16 = (t.bfloat16().float() for t in (fixed, unfixed, eager))  # as the kernels write O
     assert rel_l2(fixed16, unfixed16) > 1e-3 and rel_l2(unfixed16, eager16) > 1e-3  # the inputs separate them
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
+    o14, lse14 = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=LAZY)
+    o14 = o14.float().cpu()
     o13 = run_features(qc, kc, vc, scale=1.0, rung=EAGER)[0].float().cpu()
     assert rel_l2(o14, fixed16) < 0.5 * rel_l2(o14, unfixed16)
+    # the LSE leaves the fix's roundings out (l_fix): fp32-exact, not 2^-9 off
+    want = lse_exact(q, k, 1.0)
+    assert ((lse14.double().cpu() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
     assert rel_l2(o13, eager16) < 0.5 * rel_l2(o13, unfixed16)
     ref = attention_exact(q, k, v, 1.0)
     assert rel_l2(o14, ref) < 1.1 * rel_l2(o13, ref) and rel_l2(o13, ref) < 4e-3

@@ -342,6 +342,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     float row_max[2];  // raw scores; finite: see softmax.cuh
     float row_err[2];  // e = max·c − R of each row (softmax.cuh)
     float row_sum[2];  // this thread's partial sums; summed over the quad at the end
+#if WRITE_LSE
+    float l_fix[2];  // what the l fix below added to row_sum (lane t == 0): the LSE leaves it out
+#endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
@@ -396,10 +399,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             alpha[r] = rs[r].alpha;
             row_max[r] = m_new;
             row_sum[r] *= alpha[r];
-            // P·V sums P rounded to bf16 (fp16); l sums it unrounded. Above a kept reference the tile max's P
-            // is up to 2^8 and may dominate the row, so its rounding would no longer cancel in O / l: l
-            // counts that one P rounded too (the same FFMA and ex2 as its score's below; one lane of the
-            // quad).
+            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference the tile max's P is up
+            // to 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts that one P
+            // rounded too (the FFMA and ex2 of its score below, once per row: lane t == 0).
             const float p_top = smx::fast_exp2(fmaf(t_max, rs[r].mul, rs[r].neg_ref) - rs[r].shift);
 #if FP16
             const float p_top_rounded = __half2float(__float2half_rn(p_top));
@@ -407,6 +409,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
 #endif
             if (t == 0) row_sum[r] += p_top_rounded - p_top;
+#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
+            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);
+#endif
         }
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
@@ -458,6 +463,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // as the reference, c·FLT_MAX <= 8, and give every P the same rounded 2^5.8 instead of an exact 1.
         row_err[0] = row_err[1] = CUDART_INF_F;
         row_sum[0] = row_sum[1] = 0.f;
+#if WRITE_LSE
+        l_fix[0] = l_fix[1] = 0.f;
+#endif
         TRACE_BEGIN(WAIT_Q);
         hop::mbar_wait(&bar_q, it & 1);  // this work tile's Q has landed
         TRACE_END(WAIT_Q);
@@ -583,16 +591,18 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
             // (mul < c) P is relative to the max itself: LSE = scale·m + ln l, in natural units so that it
             // stays finite wherever the exact LSE is (m·c could overflow where m·scale does not).
+            const float l_exact = quad_sum(row_sum[r] - l_fix[r]);  // sum P without the l fix's roundings
             if (t == 0 && row < seqlen_q) {
                 const float m = row_max[r], mul = smx::row_multiplier(m, scale_log2);
 #if FP16  // P was stored against R + k, k = ceil(m·mul − R) (0 on hard rows): ln 2·(R + k) + ln l
                 const float ref = __fmul_ru(m, mul);
-                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l));
+                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l_exact));
                 lse[bh * seqlen_q + row] =
                     mul == scale_log2 ? fmaf(ref, CUDART_LN2_F, log_l) : fmaf(m, scale, log_l);
 #else
-                lse[bh * seqlen_q + row] = mul == scale_log2 ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l))
-                                                             : fmaf(m, scale, logf(l));
+                lse[bh * seqlen_q + row] = mul == scale_log2
+                                               ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l_exact))
+                                               : fmaf(m, scale, logf(l_exact));
 #endif
             }
 #endif
