@@ -91,7 +91,9 @@ def tree(src: str) -> str:
         1,
     )
     join = "for (int r = 0; r < 2; ++r) row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);\n"
-    end_of_rows = "            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);\n#endif\n        }\n"
+    end_of_rows = (
+        "            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);\n#endif\n        }\n"
+    )
     src = _sub(src, end_of_rows, end_of_rows + "        float ps[2][4] = {};  // the row sums' four chains\n", 1)
     src = _sub(src, "row_sum[e >> 1] += s[j][e];", "ps[e >> 1][j % 4] += s[j][e];")
     slow_exit = "            return;\n        }\n#endif\n"  # the FP16 slow path's end (absent in older sources)
@@ -112,9 +114,7 @@ def nolfix(src: str) -> str:
         "            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));\n",
         1,
     )
-    return _sub(
-        src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True
-    )
+    return _sub(src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True)
 
 
 def _sub(text, old, new, count=None, regex=False):
