@@ -142,7 +142,9 @@ def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
 F16_MAX = 65504.0
 
 
-def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None):
+def _attention_tiled_fp32(
+    q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None, round_top_p=False
+):
     """The kernels' arithmetic (see the module docstring); float32 results (fp16 O with fp16 P)."""
     f32 = torch.float32
     fp16 = p_dtype == torch.float16
@@ -162,8 +164,10 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
         qt = q[:, :, m0 : m0 + block_m]
         rows = qt.shape[2]
         m = torch.full((b, h, rows, 1), ROW_MAX_INIT, dtype=f32)
-        err = torch.zeros((b, h, rows, 1), dtype=f32)
+        # rung 14 starts each row at err = +inf: its first tile always takes its own max as the reference
+        err = torch.full((b, h, rows, 1), math.inf if rescale_threshold is not None else 0.0, dtype=f32)
         l = torch.zeros((b, h, rows, 1), dtype=f32)
+        l_exact = torch.zeros((b, h, rows, 1), dtype=f32)  # l without round_top_p's roundings: the LSE's
         acc = torch.zeros((b, h, rows, d), dtype=f32)
         for n0 in range(0, sk, block_n):
             kt, vt = k[:, :, n0 : n0 + block_n], v[:, :, n0 : n0 + block_n]
@@ -181,6 +185,11 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
                 alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
             l = l * alpha + p.sum(dim=-1, keepdim=True)
+            l_exact = l_exact * alpha + p.sum(dim=-1, keepdim=True)
+            if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
+                top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
+                top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
+                l = l + (top.to(p_dtype).to(f32) - top)
             pv = torch.matmul(p.to(p_dtype).to(torch.float64), vt).to(f32)
             acc = acc * alpha + pv
             m = m_new
@@ -189,7 +198,7 @@ def _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype=
         if fp16:  # the epilogue's clamp_f16: finite values to ±65504 (fp16-rounded P can overshoot V's range)
             o = torch.where(o.abs() < math.inf, o.clamp(-F16_MAX, F16_MAX), o)
         out[:, :, m0 : m0 + rows] = o.to(out.dtype)
-        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l, scale32, c, shift=fp16).double().squeeze(-1)
+        lse[:, :, m0 : m0 + rows] = kernel_lse_fp32(m, l_exact, scale32, c, shift=fp16).double().squeeze(-1)
     return (out, lse) if return_lse else out
 
 
@@ -229,6 +238,7 @@ def attention_tiled(
     kernel_fp32=False,
     p_dtype=torch.bfloat16,
     rescale_threshold=None,
+    round_top_p=False,
 ):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
@@ -240,7 +250,12 @@ def attention_tiled(
     FP16 variant (inputs holding fp16 values; P shifted per row and rounded to fp16, ``softmax.cuh``; ``O``
     is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 14's
     ``RESCALE_THRESHOLD``, 8.0) models the lazy rescale: a row keeps its reference (its running max) while
-    the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold``.
+    the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold`` (a row's
+    first tile always rescales: ``err`` starts at +inf). ``round_top_p`` (with ``kernel_fp32``) adds to l, per
+    row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
+    l exactly as in P·V (the LSE still takes the unrounded sum). Rung 14 is ``rescale_threshold=8.0,
+    round_top_p=True``; without ``round_top_p`` the model is rung 14 as first landed (its ``nolfix`` A/B
+    variant, ``scripts/make_variants.py``).
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
     ``rescale_threshold`` without ``kernel_fp32``.
@@ -250,9 +265,11 @@ def attention_tiled(
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kernel_fp32:
-        return _attention_tiled_fp32(q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold)
-    if rescale_threshold is not None:
-        raise ValueError("rescale_threshold models the kernels' fp32 arithmetic: pass kernel_fp32=True")
+        return _attention_tiled_fp32(
+            q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p
+        )
+    if rescale_threshold is not None or round_top_p:
+        raise ValueError("rescale_threshold and round_top_p model the kernels' fp32 arithmetic: pass kernel_fp32=True")
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal

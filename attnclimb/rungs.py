@@ -16,6 +16,9 @@ HEAD_DIM = 128
 BF16_BYTES = 2
 
 
+L2_PROMOTIONS = (0, 64, 128, 256)  # Rung.l2_promotion: bytes per L2 fill from DRAM (0: no promotion)
+
+
 @dataclass(frozen=True, eq=False)  # identity hash: a Rung keys the loaded-module cache
 class Rung:
     """One kernel of the ladder.
@@ -53,6 +56,9 @@ class Rung:
         causal_short: ``(max_seqlen_k, fields)``: causal calls of ``head_dim`` with ``seqlen_k <= max_seqlen_k``
             compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
             tile above the diagonal); ``None``: one causal tile for every length.
+        l2_promotion: the L2 fetch size its TMA tensor maps ask for on a miss, in bytes (0: none, the default;
+            64, 128 or 256: ``CU_TENSOR_MAP_L2_PROMOTION_L2_*``, CUDA Driver API ``cuTensorMapEncodeTiled``).
+            A launch-side setting (the kernel source is the same); the tensor maps' cache keys hold it.
     """
 
     number: int
@@ -73,10 +79,13 @@ class Rung:
     head_dim: int = HEAD_DIM
     head_dims: dict = field(default_factory=dict)
     causal_short: tuple | None = None
+    l2_promotion: int = 0
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
             raise ValueError(f"smem_layout must be one of {sorted(SMEM_LAYOUTS)}, got {self.smem_layout!r}")
+        if self.l2_promotion not in L2_PROMOTIONS:
+            raise ValueError(f"l2_promotion must be one of {sorted(L2_PROMOTIONS)} (bytes), got {self.l2_promotion!r}")
 
     @property
     def key(self) -> str:

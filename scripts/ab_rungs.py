@@ -5,7 +5,10 @@
 from ``git archive``) and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
-``Rung`` fields (``block_n``, ``kv_box_rows``) and ``-D`` macros (``NUM_STAGES``) override the rung's own.
+``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``) and ``-D`` macros (``NUM_STAGES``) override the
+rung's own. ``--bshd`` times every implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim
+64`` on that head_dim (the top rung's variant, which keeps the rung's tiles and so a variant's overrides; at 256
+the rung's ``head_dims[256]`` tiles replace them; the error table stays at 128).
 FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
@@ -67,6 +70,9 @@ def variants(specs, numbers):
                 shutil.copyfile(src, other.source)
                 out.append((f"{new.key}-{label}", other))
         out.append((f"{new.key}", new))
+    for label, d, _, _ in dirs:  # a variant that matches no rung would silently drop out of the A/B
+        if not any(lab == f"{rungs.get(n).key}-{label}" for n in numbers for lab, _ in out):
+            raise SystemExit(f"ab_rungs: variant {label!r}: {d} holds none of the rungs' sources ({numbers})")
     return out
 
 
@@ -106,7 +112,7 @@ def errors(impls, g):
     return rows
 
 
-def timings(impls, shapes, rounds=2, causal=False):
+def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None):
     res = []
     from attnclimb.bench.peers import make_peer
 
@@ -115,12 +121,15 @@ def timings(impls, shapes, rounds=2, causal=False):
     if not ok:
         print(f"FA4 not timed: {why}")
         fa4 = None
-    scale = 1 / math.sqrt(rungs.HEAD_DIM)
+    head_dim = head_dim or rungs.HEAD_DIM
+    scale = 1 / math.sqrt(head_dim)
     for b, h, s, *sk in shapes:
         name = "x".join(map(str, (b, h, s, *sk)))
-        shape = Shape(name, name, b, h, s, sk[0] if sk else s, causal=causal)
+        shape = Shape(name, name, b, h, s, sk[0] if sk else s, head_dim=head_dim, causal=causal)
         sets = timing.make_inputs(shape, timing.num_input_sets(shape.qkv_bytes(), timing.l2_cache_bytes()))
-        prepared = [(q, k, v, torch.empty_like(q)) for q, k, v in sets]  # one output per set, shared
+        if bshd:  # (B, S, H, D)-contiguous memory passed as .transpose(1, 2) views, as diffusers does
+            sets = [tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv) for qkv in sets]
+        prepared = [(q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)) for q, k, v in sets]
         fns = {
             label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale, causal=causal), prepared) for label, r in impls
         }
@@ -150,18 +159,28 @@ def main():
     ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
     ap.add_argument("--causal", action="store_true", help="time the causal variants (FLOPs halved)")
+    ap.add_argument("--head-dim", type=int, default=None, help="head_dim of the timed shapes (default 128)")
+    ap.add_argument(
+        "--bshd", action="store_true", help="time on BSHD views (Q, K, V as .transpose(1, 2) of (B, S, H, D))"
+    )
     ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS or BxHxSqxSk, ...")
     args = ap.parse_args()
     impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
     g = torch.Generator(device="cuda").manual_seed(12345)
     err = [] if args.no_errors else errors(impls, g)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    tim = [] if args.no_timing else timings(impls, shapes, rounds=args.rounds, causal=args.causal)
+    tim = (
+        []
+        if args.no_timing
+        else timings(impls, shapes, rounds=args.rounds, causal=args.causal, bshd=args.bshd, head_dim=args.head_dim)
+    )
     from attnclimb.bench.run import collect_env
 
     env = collect_env()
     env["variants"] = args.variant
     env["causal"] = args.causal
+    env["bshd"] = args.bshd
+    env["head_dim"] = args.head_dim or rungs.HEAD_DIM
     Path(args.out).write_text(json.dumps({"meta": env, "errors": err, "tflops": tim}, indent=1))
     labels = [lab for lab, _ in impls] + list(BACKENDS)
     print("rel-L2 vs float64 (far-offset inputs, seqlen_q 64; head 0 +offset, head 1 -offset)")

@@ -7,10 +7,19 @@
 #                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
 #                                           rung 14 and FA4, the full bench
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
+#   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
+#                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
+#                                           inputs and on BSHD views (issue 9's view/contiguous goal)
+#   bash scripts/device_calls.sh ab-d64     (no carry, ~3 min) head_dim 64 (issue 8: d64 >= cuDNN): the top rung's
+#                                           d64 variant against BLOCK_N 192, 3 stages, both, and BLOCK_N 128 with
+#                                           3 stages, non-causal and causal; FA4 too if an earlier call installed it
+#   bash scripts/device_calls.sh ab-short   (no carry, ~2 min) short K/V (issue 13: 1k and the 512-key cross-attention,
+#                                           where cuDNN leads): rung 14 against BLOCK_N 128 with 2 and 3 stages; and
+#                                           rung 13 against rung 14 causal at 1k-16k (rung 14's causal gain, unmeasured)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "nopp=.ab/nopp tree=.ab/tree", written there by make_variants.py) names the A/B variants of the top
+# AB_VARIANTS (default "nolfix=.ab/nolfix l2p256=.ab/base@l2_promotion=256", written there by make_variants.py) names the A/B variants of the top
 # rung (other folders under .ab can be carried).
 set -uo pipefail
 # git on the device reports the checkout the session started in (HEAD and "-dirty"), not the tree sent:
@@ -32,8 +41,9 @@ case "${1:-}" in
       rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
       echo "FA4 install failed: the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab
-    args=(); for v in ${AB_VARIANTS:-nopp=.ab/nopp tree=.ab/tree}; do [ -d "${v#*=}" ] && args+=(--variant "$v"); done
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
+    args=(); for v in ${AB_VARIANTS:-nolfix=.ab/nolfix l2p256=.ab/base@l2_promotion=256}; do
+      d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
     bash scripts/device_job.sh ncu "r14 rung14 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
@@ -43,6 +53,34 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --find-links .peers/video diffusers imageio-ffmpeg imageio &&
       PYTHONPATH=.:$PYTHONPATH python3 -m attnclimb capstone --config wan2.1-1.3b --out "$OUT" 2>&1 | tee "$OUT/capstone-1.3b.log" | tail -20
     ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  ab-l2)
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 4 --no-errors \
+      --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -8
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 6 --no-errors --bshd \
+      --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
+    ;;
+  ab-d64)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    b=.ab/base; vs=(--variant "n192=$b@block_n=192,kv_box_rows=192" --variant "s3=$b@NUM_STAGES=3"
+      --variant "n192s3=$b@block_n=192,kv_box_rows=192,NUM_STAGES=3" --variant "n128s3=$b@block_n=128,kv_box_rows=128,NUM_STAGES=3")
+    for c in "" --causal; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
+    done
+    ;;
+  ab-short)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    b=.ab/base; L=block_n=128,kv_box_rows=128
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant "b128s2=$b@$L,NUM_STAGES=2" \
+      --variant "b128s3=$b@$L,NUM_STAGES=3" --rounds 4 --no-errors \
+      --shapes 16x16x1024,8x16x2048,1x40x75600x512,16x40x1024x512 --out "$OUT/ab_short.json" 2>&1 | tail -6
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
+    ;;
+  *) sed -n 2,23p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"

@@ -119,7 +119,7 @@ def stubbed_gpu():
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     launch.LoadedRung = _StubLoadedRung
-    launch._encode_map = lambda ptr, shape, strides, box, fp16=False: (
+    launch._encode_map = lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: (
         hash((ptr, shape, strides, box, fp16)) & 0xFFFF_FFFF
     )
     launch._cuda_launch = _param_launch

@@ -1,7 +1,11 @@
 """Write the A/B variants of the top rung that issue 13 measures next, generated from the current source
 so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``nopp/13_const_desc.cu``: without the ping-pong turns (rung 10's named barriers), now that each
+* ``base/14_lazy_rescale.cu``: the top rung's source as it is, for variants that change only ``Rung`` fields
+  after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
+* ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
+  rounds it; rung 14's page), to measure what the fix costs;
+* ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
   warpgroup's own softmax runs under its own P·V (rung 9, fixed in issue 13);
 * ``tree/…``: the row max and row sum of a tile in four independent chains per row;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
@@ -11,7 +15,7 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
 generator as it was is at commit 34f912e, which the committed A/B files of ``desc`` name.
 
-Then ``python scripts/ab_rungs.py --rungs 13 --variant nopp=.ab/nopp --variant sleep=.ab/sleep``.
+Then ``python scripts/ab_rungs.py --rungs 14 --variant nopp=.ab/nopp --variant l2p256=.ab/base@l2_promotion=256``.
 Raises ``SystemExit`` when a pattern it rewrites is no longer in the source.
 """
 
@@ -87,12 +91,10 @@ def tree(src: str) -> str:
         1,
     )
     join = "for (int r = 0; r < 2; ++r) row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);\n"
-    src = _sub(
-        src,
-        "            row_sum[r] *= alpha[r];\n        }\n",
-        "            row_sum[r] *= alpha[r];\n        }\n        float ps[2][4] = {};  // the row sums' four chains\n",
-        1,
+    end_of_rows = (
+        "            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);\n#endif\n        }\n"
     )
+    src = _sub(src, end_of_rows, end_of_rows + "        float ps[2][4] = {};  // the row sums' four chains\n", 1)
     src = _sub(src, "row_sum[e >> 1] += s[j][e];", "ps[e >> 1][j % 4] += s[j][e];")
     slow_exit = "            return;\n        }\n#endif\n"  # the FP16 slow path's end (absent in older sources)
     if slow_exit in src:
@@ -100,8 +102,23 @@ def tree(src: str) -> str:
     return _sub(src, "    };\n    auto issue_qk", "#pragma unroll\n        " + join + "    };\n    auto issue_qk", 1)
 
 
+def nolfix(src: str) -> str:
+    """Rung 14 as first landed (a241a2f, before the l fix): l sums the unrounded P, so a key
+    that dominates its row above a kept reference weighs 2^x in l but bf16(2^x) in P·V (the rounding the
+    page measures). For the fix's cost: per row and tile one FFMA + MUFU.EX2 fewer, and no round trip through
+    bf16 (fp16). The +inf start of ``row_err`` stays (it changes no instruction in the loop), and so does
+    ``l_fix`` of the LSE variants (0 here)."""
+    src = _sub(
+        src,
+        "            const float t_max = quad_max(tile_max[r]);\n            float m_new = fmaxf(row_max[r], t_max);\n",
+        "            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));\n",
+        1,
+    )
+    return _sub(src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True)
+
+
 def _sub(text, old, new, count=None, regex=False):
-    n = len(re.findall(old, text)) if regex else text.count(old)
+    n = len(re.findall(old, text, flags=re.S)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
         raise SystemExit(f"make_variants: expected {count or 'some'} of {old!r} in the top rung, found {n}")
     return re.sub(old, new, text, flags=re.S) if regex else text.replace(old, new)
@@ -119,6 +136,8 @@ def main(out=".ab"):
     top = rungs.TOP
     src = top.source.read_text()
     for name, fn, extra in (
+        ("base", lambda text: text, {}),
+        ("nolfix", nolfix, {}),
         ("nopp", nopp, {}),
         ("tree", tree, {}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),

@@ -616,7 +616,9 @@ def test_run_rung_passes_the_kernel_abi(monkeypatch, number):
     monkeypatch.setattr(launch, "loaded", lambda r, dev: FakeLoaded())
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
-    monkeypatch.setattr(launch, "_tensor_map_of", lambda t, bh, rows, box, dev: ("map", t.data_ptr(), bh, rows, box))
+    monkeypatch.setattr(
+        launch, "_tensor_map_of", lambda t, bh, rows, box, dev, l2_promotion=0: ("map", t.data_ptr(), bh, rows, box)
+    )
     b, h, sq, sk = 2, 3, 300, 200
     q, o = torch.empty(b, h, sq, 128, dtype=BF16), torch.empty(b, h, sq, 128, dtype=BF16)
     k, v = torch.empty(b, h, sk, 128, dtype=BF16), torch.empty(b, h, sk, 128, dtype=BF16)
@@ -652,7 +654,9 @@ def test_tensor_map_cache_keys_on_head_dim(monkeypatch):
 
     monkeypatch.setattr(launch, "_TMAP_CACHE", {})
     monkeypatch.setattr(
-        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+        launch,
+        "_encode_map",
+        lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: ("map", ptr, shape, strides, box, fp16),
     )
     buf = torch.empty(2 * 300 * 256, dtype=BF16)
     maps = {d: launch._tensor_map_of(buf[: 600 * d].view(1, 2, 300, d), 2, 300, 128, 0) for d in (128, 64, 256)}
@@ -669,7 +673,9 @@ def test_tensor_map_cache_keys_on_dtype(monkeypatch):
 
     monkeypatch.setattr(launch, "_TMAP_CACHE", {})
     monkeypatch.setattr(
-        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+        launch,
+        "_encode_map",
+        lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: ("map", ptr, shape, strides, box, fp16),
     )
     buf = torch.empty(2 * 300 * 128, dtype=BF16)
     bf = buf.view(1, 2, 300, 128)
@@ -688,6 +694,36 @@ def test_tensor_map_cache_keys_on_dtype(monkeypatch):
     assert v16.defines()["FP16"] == 1 and not strided
     with pytest.raises(ValueError, match="fp16"):
         launch._checked_variant(rungs.get(11), half, half, half, half.clone(), False, None)
+
+
+def test_tensor_map_l2_promotion(monkeypatch):
+    """Rung.l2_promotion (bytes per L2 fill, a launch-side setting for A/B runs) reaches the tensor map's
+    encode, 3-D and 4-D, and is part of the cache key: two rungs that differ only in it never share a map.
+    Every allowed value names a member of cuda.core's TensorMapL2Promotion; others are refused."""
+    import dataclasses
+
+    from cuda.core._tensor_map import TensorMapL2Promotion
+
+    from attnclimb.runtime import launch
+
+    assert set(launch._L2_PROMOTION_NAMES) == set(rungs.L2_PROMOTIONS)
+    assert all(hasattr(TensorMapL2Promotion, n) for n in launch._L2_PROMOTION_NAMES.values())
+    assert TensorMapL2Promotion.L2_256B != TensorMapL2Promotion.NONE
+    with pytest.raises(ValueError, match="l2_promotion"):
+        dataclasses.replace(rungs.TOP, l2_promotion=100)
+    assert rungs.TOP.l2_promotion == 0  # today's maps: no promotion
+    with pytest.raises(ValueError, match="l2_promotion"):
+        launch._encode_map(0, (2, 300, 128), (38400, 128, 1), (1, 128, 64), False, 100)
+    monkeypatch.setattr(launch, "_TMAP_CACHE", {})
+    monkeypatch.setattr(
+        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: ("map", l2_promotion)
+    )
+    t = torch.empty(1, 2, 300, 128, dtype=BF16)
+    plain, wide = (launch._tensor_map_of(t, 2, 300, 128, 0, p) for p in (0, 256))
+    assert plain == ("map", 0) and wide == ("map", 256) and plain is not wide
+    assert launch._tensor_map_of(t, 2, 300, 128, 0, 256) is wide  # a hit
+    view = t.transpose(1, 2).transpose(1, 2)
+    assert [launch._tensor_map_4d(view, 128, 0, p) for p in (0, 128)] == [("map", 0), ("map", 128)]
 
 
 def _recording_launch(monkeypatch, rung):
@@ -716,7 +752,9 @@ def _recording_launch(monkeypatch, rung):
     monkeypatch.setattr(launch, "_ensure_context", lambda lr: None)
     monkeypatch.setattr(launch, "current_stream_handle", lambda dev: 77)
     monkeypatch.setattr(
-        launch, "_encode_map", lambda ptr, shape, strides, box, fp16=False: ("map", ptr, shape, strides, box, fp16)
+        launch,
+        "_encode_map",
+        lambda ptr, shape, strides, box, fp16=False, l2_promotion=0: ("map", ptr, shape, strides, box, fp16),
     )
     return calls
 

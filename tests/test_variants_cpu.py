@@ -36,6 +36,9 @@ def test_variants_are_generated_and_differ_as_named(tmp_path):
     sleepall = (tmp_path / "sleepall" / rungs.TOP.source.name).read_text()
     assert sleep.count("mbar_wait_sleep(&bar_") == 3 and "hop::mbar_wait(&bar_k[slot]" in sleep  # producer only
     assert "hop::mbar_wait(" not in sleepall and sleepall.count("mbar_wait_sleep(") == top.count("hop::mbar_wait(")
+    assert (tmp_path / "base" / rungs.TOP.source.name).read_text() == top  # for Rung-field-only variants
+    nolfix = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
+    assert top.count("if (t == 0) row_sum[r] += p_top_rounded - p_top;") == 1 and "p_top" not in nolfix
 
 
 def test_generator_refuses_a_source_it_does_not_recognise():
@@ -44,7 +47,7 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall"])
+@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
     d = tmp_path / name
@@ -57,3 +60,13 @@ def test_variants_compile_without_spills(tmp_path, name):
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     if find_cuobjdump() is not None:
         assert re.search(r"\bHGMMA\b", sass(c.cubin))
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_l_fix_costs_one_ex2_per_row_and_tile(tmp_path):
+    """Rung 14's l fix computes each row's tile-max P once more (2 rows per thread): 2 more MUFU.EX2 in the
+    steady loop and 2 in the peeled first tile than the nolfix variant (rung 14 as first landed), bf16 build."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
+    top = sass(compile_source(rungs.TOP, rungs.TOP.source.read_text()).cubin).count("MUFU.EX2")
+    assert sass(compile_source(rungs.TOP, src).cubin).count("MUFU.EX2") == top - 4

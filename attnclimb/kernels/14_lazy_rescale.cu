@@ -9,8 +9,9 @@
 // log2 units; P <= 256 is in range for bf16 and fp16 and leaves l and O far from fp32's), alpha is then
 // exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a warp-uniform vote).
 // After the first tile of a row this is almost every tile on real inputs. P, l and alpha still share one
-// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding; one rounding is
-// new: a dominant key's P is 2^x rather than ~1, which bf16 rounds (<= 2^-8 relative; the page measures it).
+// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding. A dominant key's P
+// is now 2^x rather than ~1, which bf16 rounds for P·V: l counts each tile max's P rounded the same way, so
+// that rounding cancels in O / l as it did in rung 13 (the page measures both).
 // Sources: FlashAttention-4 (the conditional rescale of the Blackwell kernel); FlashAttention-2 Sec. 3.1
 // (online softmax); PTX ISA "Warp Vote" (vote.any).
 //
@@ -341,6 +342,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     float row_max[2];  // raw scores; finite: see softmax.cuh
     float row_err[2];  // e = max·c − R of each row (softmax.cuh)
     float row_sum[2];  // this thread's partial sums; summed over the quad at the end
+#if WRITE_LSE
+    float l_fix[2];  // what the l fix below added to row_sum (lane t == 0): the LSE leaves it out
+#endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
@@ -387,13 +391,27 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         for (int r = 0; r < 2; ++r) {
             // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
             // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see the page).
-            float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            const float t_max = quad_max(tile_max[r]);
+            float m_new = fmaxf(row_max[r], t_max);
             if (fmaf(m_new - row_max[r], scale_log2, row_err[r]) <= RESCALE_THRESHOLD) m_new = row_max[r];
             rs[r] = smx::online_rescale<FP16>(row_max[r], row_err[r], m_new, scale_log2);
             row_err[r] = rs[r].err;
             alpha[r] = rs[r].alpha;
             row_max[r] = m_new;
             row_sum[r] *= alpha[r];
+            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference the tile max's P is up
+            // to 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts that one P
+            // rounded too (the FFMA and ex2 of its score below, once per row: lane t == 0).
+            const float p_top = smx::fast_exp2(fmaf(t_max, rs[r].mul, rs[r].neg_ref) - rs[r].shift);
+#if FP16
+            const float p_top_rounded = __half2float(__float2half_rn(p_top));
+#else
+            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
+#endif
+            if (t == 0) row_sum[r] += p_top_rounded - p_top;
+#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
+            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);
+#endif
         }
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
@@ -440,7 +458,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
-        row_err[0] = row_err[1] = row_sum[0] = row_sum[1] = 0.f;
+        // err = +inf: the first tile always takes its own max as the reference (alpha = 2^−inf = 0 scales the
+        // zero O and l). With err = 0 a scale below ~2e-38 (scale 0 is raised to FLT_MIN) would keep −FLT_MAX
+        // as the reference, c·FLT_MAX <= 8, and give every P the same rounded 2^5.8 instead of an exact 1.
+        row_err[0] = row_err[1] = CUDART_INF_F;
+        row_sum[0] = row_sum[1] = 0.f;
+#if WRITE_LSE
+        l_fix[0] = l_fix[1] = 0.f;
+#endif
         TRACE_BEGIN(WAIT_Q);
         hop::mbar_wait(&bar_q, it & 1);  // this work tile's Q has landed
         TRACE_END(WAIT_Q);
@@ -566,16 +591,18 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
             // (mul < c) P is relative to the max itself: LSE = scale·m + ln l, in natural units so that it
             // stays finite wherever the exact LSE is (m·c could overflow where m·scale does not).
+            const float l_exact = quad_sum(row_sum[r] - l_fix[r]);  // sum P without the l fix's roundings
             if (t == 0 && row < seqlen_q) {
                 const float m = row_max[r], mul = smx::row_multiplier(m, scale_log2);
 #if FP16  // P was stored against R + k, k = ceil(m·mul − R) (0 on hard rows): ln 2·(R + k) + ln l
                 const float ref = __fmul_ru(m, mul);
-                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l));
+                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l_exact));
                 lse[bh * seqlen_q + row] =
                     mul == scale_log2 ? fmaf(ref, CUDART_LN2_F, log_l) : fmaf(m, scale, log_l);
 #else
-                lse[bh * seqlen_q + row] = mul == scale_log2 ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l))
-                                                             : fmaf(m, scale, logf(l));
+                lse[bh * seqlen_q + row] = mul == scale_log2
+                                               ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l_exact))
+                                               : fmaf(m, scale, logf(l_exact));
 #endif
             }
 #endif

@@ -222,7 +222,7 @@ _TMAP_CACHE: dict = {}
 _TMAP_CACHE_SIZE = 64
 
 
-def cached_tensor_map(t3d, box_rows: int):
+def cached_tensor_map(t3d, box_rows: int, l2_promotion: int = 0):
     """:func:`tensor_map`, memoised by (address, shape including head_dim, dtype, box, device).
 
     A tensor map encodes only those (plus the fixed strides and swizzle), so a hit is exactly the
@@ -230,20 +230,21 @@ def cached_tensor_map(t3d, box_rows: int):
     encode on the launch path, which matters for short sequences where a kernel runs for ~50 µs.
     """
     bh, rows, _ = t3d.shape
-    return _tensor_map_of(t3d, bh, rows, box_rows, t3d.device.index)
+    return _tensor_map_of(t3d, bh, rows, box_rows, t3d.device.index, l2_promotion)
 
 
-def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int):
+def _tensor_map_of(t, bh: int, rows: int, box_rows: int, device_index: int, l2_promotion: int = 0):
     """The cached map over contiguous ``t`` seen as ``(bh, rows, head_dim)``; the view is built on a miss only.
 
     The key holds head_dim (the map's row pitch and width): a head_dim 64 tensor that reuses the memory of
     a freed head_dim 128 one of the same ``(bh, rows)`` must not get the old map, whose rows are twice as
     far apart (every head but the first would be read from the wrong place). It holds the dtype too: an fp16
-    tensor in the memory of a freed bf16 one must not get a map that declares its elements bf16."""
-    key = (t.data_ptr(), bh, rows, t.shape[-1], t.dtype, box_rows, device_index)
+    tensor in the memory of a freed bf16 one must not get a map that declares its elements bf16; and the L2
+    promotion (``Rung.l2_promotion``), so that two rungs that differ only in it never share a map."""
+    key = (t.data_ptr(), bh, rows, t.shape[-1], t.dtype, box_rows, device_index, l2_promotion)
     tm = _TMAP_CACHE.get(key)
     if tm is None:
-        tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows))
+        tm = _remember(key, tensor_map(t.view(bh, rows, t.shape[-1]), box_rows, l2_promotion))
     return tm
 
 
@@ -256,16 +257,18 @@ def _remember(key, tm):
     return tm
 
 
-def tensor_map(t3d, box_rows: int):
+def tensor_map(t3d, box_rows: int, l2_promotion: int = 0):
     """A TMA tensor map over a ``(batch*heads, seqlen, 128)`` bf16 or fp16 CUDA tensor.
 
     Dims innermost-first ``(128, seqlen, batch*heads)``, box ``(64, box_rows, 1)``, 128-byte swizzle,
     out-of-bounds elements read as zero (PTX ISA, "Tensor Copy" / "Tensor-map": ``cp.async.bulk.tensor``).
-    ``t3d`` must be contiguous with a 16-byte aligned base (the API guarantees both). Returns a
-    ``cuda.core.TensorMapDescriptor`` to pass to :meth:`LoadedRung.launch` by value.
+    ``t3d`` must be contiguous with a 16-byte aligned base (the API guarantees both). ``l2_promotion``: bytes
+    per L2 fill on a miss (``Rung.l2_promotion``; 0 = none). Returns a ``cuda.core.TensorMapDescriptor`` to
+    pass to :meth:`LoadedRung.launch` by value.
     """
     # cuda.core takes the box outermost-first: (bh, rows, cols)
-    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), (1, box_rows, PANEL_COLS), _is_fp16(t3d))
+    box = (1, box_rows, PANEL_COLS)
+    return _encode_map(t3d.data_ptr(), tuple(t3d.shape), t3d.stride(), box, _is_fp16(t3d), l2_promotion)
 
 
 def _is_fp16(t) -> bool:
@@ -273,11 +276,14 @@ def _is_fp16(t) -> bool:
     return str(t.dtype) == "torch.float16"
 
 
-def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple, fp16: bool = False):
-    """A bf16 (``fp16``: fp16) tensor map (128-byte swizzle, zero OOB fill) over memory at ``data_ptr`` of
-    ``shape`` and element ``strides`` (outermost first, as torch gives them), box ``box`` (outermost first)."""
+def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple, fp16: bool = False, l2_promotion: int = 0):
+    """A bf16 (``fp16``: fp16) tensor map (128-byte swizzle, zero OOB fill, L2 promotion ``l2_promotion``
+    bytes, 0 = none) over memory at ``data_ptr`` of ``shape`` and element ``strides`` (outermost first, as
+    torch gives them), box ``box`` (outermost first)."""
+    if l2_promotion not in _L2_PROMOTION_NAMES:
+        raise ValueError(f"l2_promotion must be one of {sorted(_L2_PROMOTION_NAMES)} (bytes), got {l2_promotion!r}")
     from cuda.core import TensorMapDescriptorOptions
-    from cuda.core._tensor_map import TensorMapDataType, TensorMapOOBFill, TensorMapSwizzle
+    from cuda.core._tensor_map import TensorMapDataType, TensorMapL2Promotion, TensorMapOOBFill, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
 
     # The descriptor keeps a reference to the object it was built from. Built on the tensor itself, every
@@ -289,9 +295,13 @@ def _encode_map(data_ptr: int, shape: tuple, strides: tuple, box: tuple, fp16: b
         box_dim=box,
         data_type=TensorMapDataType.FLOAT16 if fp16 else TensorMapDataType.BFLOAT16,
         swizzle=TensorMapSwizzle.SWIZZLE_128B,
+        l2_promotion=getattr(TensorMapL2Promotion, _L2_PROMOTION_NAMES[l2_promotion]),
         oob_fill=TensorMapOOBFill.NONE,
     )
     return view.as_tensor_map(options=opts)
+
+
+_L2_PROMOTION_NAMES = {0: "NONE", 64: "L2_64B", 128: "L2_128B", 256: "L2_256B"}  # rungs.L2_PROMOTIONS
 
 
 class _UnownedBf16:
@@ -379,11 +389,12 @@ def _check_strided(q, k, v, o) -> None:
         raise ValueError(f"o's strides {o.stride()} must be even and its base 4-byte aligned (bf16x2 stores)")
 
 
-def _tensor_map_4d(t, box_rows: int, device_index: int):
+def _tensor_map_4d(t, box_rows: int, device_index: int, l2_promotion: int = 0):
     """A 4-D TMA map over a strided ``(B, H, S, 128)`` bf16 or fp16 tensor, as it lies (box ``(64, box_rows, 1,
     1)``, 128-byte swizzle, zero OOB fill), memoised in the 3-D maps' cache by (address, shape, strides, dtype,
-    box, device). A dimension of size 1 is never stepped over; it gets the packed stride (torch may report any)."""
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, box_rows, device_index)  # never a 3-D map's key
+    box, device, L2 promotion). A dimension of size 1 is never stepped over; it gets the packed stride (torch may
+    report any)."""
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, box_rows, device_index, l2_promotion)  # not a 3-D key
     tm = _TMAP_CACHE.get(key)
     if tm is None:
         strides = list(t.stride())
@@ -393,7 +404,7 @@ def _tensor_map_4d(t, box_rows: int, device_index: int):
                 strides[i] = packed
             packed *= t.shape[i]
         box = (1, 1, box_rows, PANEL_COLS)
-        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), box, _is_fp16(t)))
+        tm = _remember(key, _encode_map(t.data_ptr(), tuple(t.shape), tuple(strides), box, _is_fp16(t), l2_promotion))
     return tm
 
 
@@ -558,14 +569,14 @@ def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
     if rung.abi == "tma":
         if strided:
             maps = tuple(
-                _tensor_map_4d(t, box, dev)
+                _tensor_map_4d(t, box, dev, rung.l2_promotion)
                 for t, box in ((q, rung.q_box_rows), (k, rung.kv_box_rows), (v, rung.kv_box_rows))
             )
         else:
             maps = (
-                _tensor_map_of(q, bh, sq, rung.q_box_rows, dev),
-                _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev),
-                _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev),
+                _tensor_map_of(q, bh, sq, rung.q_box_rows, dev, rung.l2_promotion),
+                _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev, rung.l2_promotion),
+                _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev, rung.l2_promotion),
             )
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
             grid = (lr.persistent_grid(grid[0]),)

@@ -1,0 +1,120 @@
+"""Rung 14's lazy rescale on the GPU, tied to its float32 model (needs a Hopper GPU).
+
+The GPU suite compares every rung with float64 at bf16's tolerance, which cannot tell the lazy rescale from
+the eager one. These tests can: on inputs where the rule decides the result's last bits, rung 14's output
+must follow its model (``attention_tiled(..., kernel_fp32=True, rescale_threshold=8.0, round_top_p=True)``)
+and rung 13's the eager one. They also check the edges of the rule on the kernel: scale 0, a soft row whose
+new max lands in the hard range, and scores rising by just under and over the threshold.
+"""
+
+import math
+
+import pytest
+import torch
+from test_gpu_features import run_features
+from test_lazy_rescale_cpu import TAU, _rising_tiles
+
+from attnclimb import rungs
+from attnclimb.reference import LOG2E, attention_exact, attention_tiled, lse_exact, rel_l2
+
+pytestmark = pytest.mark.gpu
+LAZY, EAGER = rungs.get(14), rungs.get(13)
+
+
+def _dominant_key_inputs(step, seed=1):
+    """The CPU test's rows dominated by one key ``step`` (log2 units) above a kept reference
+    (tests/test_lazy_rescale_cpu.py, test_lazy_model_dominant_key_rounding), with 176-key tiles: the first
+    max in tile 0, the dominant key in tile 1."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 2, 400, 128, dtype=torch.float64)
+    k[..., 0] = -40.0
+    k[:, :, 0, 0] = 0.0
+    k[:, :, 200, 0] = round(step / LOG2E * 64) / 64
+    v = torch.randn(1, 2, 400, 128, generator=g, dtype=torch.float64)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+@pytest.mark.parametrize("step", [2.7, 5.3])
+def test_rung14_follows_its_model_and_is_as_exact_as_rung13(step):
+    """On rows dominated by a key that rose under the threshold: rung 14's O is its model's (lazy rule, l
+    counting the tile max's P rounded: ``round_top_p``) and not the model of rung 14 as first landed (l
+    unrounded: the dominant P = 2^step rounded in P·V only); rung 13's is the eager model's. Each kernel is
+    within half its distance to the other model of its own (all rounded to bf16 as the kernels write O; the
+    models differ by 0.6-3e-3 on these rows). Against float64, rung 14 is within 10 % of rung 13's error (the
+    models: 1.76e-3 against 1.72e-3 at step 2.7, 1.608e-3 against 1.605e-3 at 5.3; without the l fix
+    2.3e-3 and 2.5e-3)."""
+    q, k, v = _dominant_key_inputs(step)
+    kw = {"block_n": LAZY.block_n, "kernel_fp32": True}
+    fixed = attention_tiled(q, k, v, 1.0, rescale_threshold=TAU, round_top_p=True, **kw)
+    unfixed = attention_tiled(q, k, v, 1.0, rescale_threshold=TAU, **kw)
+    eager = attention_tiled(q, k, v, 1.0, **kw)
+    fixed16, unfixed16, eager16 = (t.bfloat16().float() for t in (fixed, unfixed, eager))  # as the kernels write O
+    assert rel_l2(fixed16, unfixed16) > 1e-3 and rel_l2(unfixed16, eager16) > 1e-3  # the inputs separate them
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    o14, lse14 = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=LAZY)
+    o14 = o14.float().cpu()
+    o13 = run_features(qc, kc, vc, scale=1.0, rung=EAGER)[0].float().cpu()
+    assert rel_l2(o14, fixed16) < 0.5 * rel_l2(o14, unfixed16)
+    # the LSE leaves the fix's roundings out (l_fix): fp32-exact, not 2^-9 off
+    want = lse_exact(q, k, 1.0)
+    assert ((lse14.double().cpu() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
+    assert rel_l2(o13, eager16) < 0.5 * rel_l2(o13, unfixed16)
+    ref = attention_exact(q, k, v, 1.0)
+    assert rel_l2(o14, ref) < 1.1 * rel_l2(o13, ref) and rel_l2(o13, ref) < 4e-3
+
+
+@pytest.mark.parametrize("step", [4.0, 7.9, 8.5, 16.0])
+def test_rung14_rising_max(step):
+    """Scores rising tile by tile by ``step`` (the CPU test's _rising_tiles with rung 14's 176-key tiles):
+    under the threshold a row keeps its reference and its P reach ~2^step; over it every tile rescales. O and
+    the LSE against float64, NaN-poisoned outputs."""
+    q, k, v = (t.cuda() for t in _rising_tiles(step, tiles=6, block_n=LAZY.block_n, seqlen_q=64))
+    o, lse = run_features(q, k, v, scale=1.0, with_lse=True, rung=LAZY)
+    assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
+    want = lse_exact(q, k, 1.0)
+    assert ((lse.double() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
+
+
+def test_rung14_scale_zero_rescales_on_the_first_tile():
+    """Scale 0 (raised to FLT_MIN): c·FLT_MAX ≈ 5.8 <= 8, so with err starting at 0 the lazy rule would keep
+    the initial −FLT_MAX "max" as the reference and give every P the same 2^5.77, rounded in bf16 alike (a
+    common error of up to 2^-9 in O). Rung 14 starts err at +inf, so the first tile takes its own max and
+    every P is 1, as in rung 13: O is the uniform average of V, bit for bit rung 13's, and the LSE ln(seqlen_k)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    o, lse = run_features(q, k, v, scale=0.0, with_lse=True, rung=LAZY)
+    mean = v.double().mean(dim=2, keepdim=True).expand_as(o)
+    assert rel_l2(o, mean) < 5e-3
+    assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(300)), rtol=1e-5)
+    o13 = run_features(q, k, v, scale=0.0, rung=EAGER)[0]
+    assert torch.equal(o, o13)
+    # the model of rung 14 equals the eager one here; a kept −FLT_MAX reference (err starting at 0, what the
+    # fix prevents) would differ from it by ~1e-3 after bf16 rounding
+    qc, kc, vc = (t.cpu() for t in (q, k, v))
+    kw = {"block_n": LAZY.block_n, "kernel_fp32": True}
+    lazy = attention_tiled(qc, kc, vc, 0.0, rescale_threshold=TAU, round_top_p=True, **kw)
+    assert torch.equal(lazy, attention_tiled(qc, kc, vc, 0.0, **kw))
+    assert rel_l2(o.float().cpu(), lazy.bfloat16().float()) < 1e-6
+
+
+def test_rung14_soft_row_into_the_hard_range():
+    """A soft row whose max rises into the hard range by less than 2^8 in P keeps its soft reference (the
+    review's case at scale 1: m = 2^29 − 32 has exponent 28, so mul = c and err ≈ −46; the new max 2^29 is a
+    hard row's, and (2^29 − m)·c + err ≈ 0 <= 8). The old max's score is built as an exact fp32 sum of bf16
+    products (2^29 − 2^21 + 2^20 + ... + 2^5), the new max is 2^29, every other key 2^22 below; O is V of the
+    new max (the old one weighs e^-32) against float64, whichever way the kernel's rule went."""
+    q = torch.zeros(1, 1, 16, 128, dtype=torch.float64)
+    q[..., :17] = 1.0
+    k = torch.zeros(1, 1, 400, 128, dtype=torch.float64)
+    k[..., 0] = 2.0**29 - 2.0**22
+    k[0, 0, 0, 0] = 2.0**29 - 2.0**21
+    k[0, 0, 0, 1:17] = torch.tensor([2.0**e for e in range(20, 4, -1)], dtype=torch.float64)
+    k[0, 0, 200, 0] = 2.0**29
+    v = torch.randn(1, 1, 400, 128, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    s = (q.double() @ k.double().transpose(-1, -2))[0, 0, 0]
+    assert s[0].item() == 2.0**29 - 32 and s[200].item() == 2.0**29  # the inputs are what the docstring says
+    o = run_features(q.cuda(), k.cuda(), v.cuda(), scale=1.0, rung=LAZY)[0].float().cpu()
+    assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
