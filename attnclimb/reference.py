@@ -81,6 +81,29 @@ def _fma32(a, b, c):
 ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
 RESCALE_THRESHOLD = 8.0  # rung 14's RESCALE_THRESHOLD (14_lazy_rescale.cu): P against a kept reference <= 2^8
 
+# softmax.cuh's poly_exp2: 2^f ≈ 1 + f·(c1 + f·(c2 + f·c3)) on [−0.5, 0.5] (p(0) = 1 exactly)
+POLY_EXP2_C = (1.0, 0.6932829022407532, 0.24221009016036987, 0.05500851944088936)
+
+
+def poly_exp2_fp32(x):
+    """Float32 mirror of ``smx::poly_exp2`` (``attnclimb/kernels/softmax.cuh``): 2^x on the FMA pipe.
+
+    ``x``: a float32 tensor. Clamps at −127 (NaN stays NaN), rounds x to an integer j by adding
+    ``M = 1.5·2^23 + 127`` (one float32 add), evaluates the degree-3 polynomial :data:`POLY_EXP2_C` at
+    ``f = x − j`` in float32 Horner (FFMAs), and scales by ``2^j`` taken from the bits of ``x + M`` (0 for
+    j = −127). Returns float32; relative error <= 1.02e-4 against 2^x for −126 <= x <= 128, +0 below −127.
+    """
+    f32 = torch.float32
+    x = torch.where(x < -127.0, torch.full_like(x, -127.0), x)  # max.NaN: NaN compares false, stays
+    magic = torch.tensor(12583039.0, dtype=f32)
+    t = (x + magic).to(f32)
+    f = (x - (t - magic)).to(f32)
+    c0, c1, c2, c3 = (torch.tensor(c, dtype=f32) for c in POLY_EXP2_C)
+    p = _fma32(_fma32(_fma32(c3.expand_as(f), f, c2.expand_as(f)), f, c1.expand_as(f)), f, c0.expand_as(f))
+    bits = (t.view(torch.int32).to(torch.int64) << 23) & 0xFFFFFFFF  # the shift of a 32-bit pattern
+    scale = bits.to(torch.int64).where(bits < 2**31, bits - 2**32).to(torch.int32).view(f32)
+    return (p * scale).to(f32)
+
 
 def _mul32_up(a, b):
     """``a·b`` rounded toward +inf in float32 (``__fmul_ru``, FMUL.RP): the float64 product of two float32

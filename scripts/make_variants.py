@@ -8,6 +8,8 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 * ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
   warpgroup's own softmax runs under its own P·V (rung 9, fixed in issue 13);
 * ``tree/…``: the row max and row sum of a tile in four independent chains per row;
+* ``poly2/…``, ``poly4/…``, ``poly8/…``: every 2nd / 4th / 8th column block of S exponentiated on the FMA
+  pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page).
 
@@ -117,6 +119,27 @@ def nolfix(src: str) -> str:
     return _sub(src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True)
 
 
+def poly(every: int):
+    """Rung 14 with every ``every``-th column block of S (j % every == every − 1: 1/2, 5/22 or 2/22 of the
+    exponentials at ``every`` = 2, 4, 8) exponentiated on the FMA pipe (``smx::poly_exp2``, softmax.cuh) and
+    the rest on MUFU.EX2 (issue 13, item 6: FlashAttention-4's split of the exponentials between the two
+    units). The bf16 loop only; the fp16 slow path, the l fix's tile-max P and alpha stay on MUFU."""
+
+    def make(src: str) -> str:
+        return _sub(
+            src,
+            """                s[j][e] =
+                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+""",
+            f"""                const float x = fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref);
+                s[j][e] = j % {every} == {every - 1} ? smx::poly_exp2(x) : smx::fast_exp2(x);  // FMA pipe : MUFU
+""",
+            1,
+        )
+
+    return make
+
+
 def _sub(text, old, new, count=None, regex=False):
     n = len(re.findall(old, text, flags=re.S)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
@@ -142,6 +165,9 @@ def main(out=".ab"):
         ("tree", tree, {}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
         ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}),
+        ("poly2", poly(2), {}),
+        ("poly4", poly(4), {}),
+        ("poly8", poly(8), {}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

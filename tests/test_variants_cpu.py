@@ -47,7 +47,7 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix"])
+@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix", "poly2", "poly4", "poly8"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
     d = tmp_path / name
@@ -70,3 +70,18 @@ def test_l_fix_costs_one_ex2_per_row_and_tile(tmp_path):
     src = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
     top = sass(compile_source(rungs.TOP, rungs.TOP.source.read_text()).cubin).count("MUFU.EX2")
     assert sass(compile_source(rungs.TOP, src).cubin).count("MUFU.EX2") == top - 4
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("every,blocks", [(2, 11), (4, 5), (8, 2)])
+def test_poly_variants_move_exponentials_off_mufu(tmp_path, every, blocks):
+    """polyN computes the exponentials of ``blocks`` of the 22 column blocks of S with smx::poly_exp2: 4 per
+    block and thread fewer MUFU.EX2 in each copy of the softmax (the peeled first tile and the loop; the
+    fp16 slow path is not in the bf16 build), and no new MUFU of any kind."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / f"poly{every}" / rungs.TOP.source.name).read_text()
+    top = sass(compile_source(rungs.TOP, rungs.TOP.source.read_text()).cubin)
+    var = sass(compile_source(rungs.TOP, src).cubin)
+    fewer = top.count("MUFU.EX2") - var.count("MUFU.EX2")
+    assert fewer > 0 and fewer % (4 * blocks) == 0, fewer
+    assert var.count("MUFU") == top.count("MUFU") - fewer
