@@ -1,7 +1,8 @@
-"""The ``poly`` A/B variants of the top rung (scripts/make_variants.py: a share of the exponentials on the FMA
-pipe through softmax.cuh's ``poly_exp2``) on the GPU (needs a Hopper GPU): as exact as the top rung on random,
-x30-logit and near-constant inputs and on issue 6's far-offset, tie and fp32-limit logits, at head_dim 128 and
-64, NaN-poisoned outputs. A variant that is faster but fails here does not become a rung."""
+"""The ``lround`` and ``poly`` A/B variants of the top rung (scripts/make_variants.py: l from every rounded P;
+a share of the exponentials on the FMA pipe through softmax.cuh's ``poly_exp2``) on the GPU (needs a Hopper
+GPU): as exact as the top rung on random, x30-logit and near-constant inputs and on issue 6's far-offset, tie
+and fp32-limit logits, at head_dim 128 and 64, NaN-poisoned outputs; lround as exact as rung 13 on tied
+maxima. A variant that is faster but fails here does not become a rung."""
 
 import dataclasses
 import importlib.util
@@ -14,24 +15,76 @@ from test_gpu import OFFSET_CASES, TOL, _gen, make_inputs
 from test_gpu_features import run_features
 
 from attnclimb import rungs
-from attnclimb.reference import attention_exact, far_offset_inputs, rel_l2
+from attnclimb.reference import (
+    LOG2E,
+    RESCALE_THRESHOLD,
+    attention_exact,
+    attention_tiled,
+    far_offset_inputs,
+    lse_exact,
+    rel_l2,
+)
 
 pytestmark = pytest.mark.gpu
 TOP = rungs.TOP
 
 
-@pytest.fixture(scope="module", params=[2, 8])
-def poly_rung(request):
-    """make_variants.py's ``poly{N}`` of the top rung as a rung of its own (its source written beside the
-    kernels, as scripts/ab_rungs.py does, and removed afterwards)."""
+def variant_rung(name):
+    """make_variants.py's variant ``name`` of the top rung as a rung of its own: its source (with its own
+    headers inlined) written beside the kernels, as scripts/ab_rungs.py does; remove ``.source`` afterwards."""
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("make_variants", root / "scripts" / "make_variants.py")
     mv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mv)
-    r = dataclasses.replace(TOP, name=f"{TOP.name}_poly{request.param}")
-    r.source.write_text(mv.poly(request.param)(TOP.source.read_text()))
+    make = mv.lround if name == "lround" else mv.poly(int(name[4:]))
+    src = make(TOP.source.read_text()).replace('#include "lround.cuh"', mv.LROUND_HEADER.replace("#pragma once\n", ""))
+    r = dataclasses.replace(TOP, name=f"{TOP.name}_{name}")
+    r.source.write_text(src)
+    return r
+
+
+@pytest.fixture(scope="module", params=["poly2", "poly4", "poly8"])
+def poly_rung(request):
+    r = variant_rung(request.param)
     yield r
     r.source.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def lround_rung():
+    r = variant_rung("lround")
+    yield r
+    r.source.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("ties", [1, 4])
+@pytest.mark.parametrize("step", [5.3, 7.9])
+def test_lround_tied_maxima(lround_rung, step, ties):
+    """lround (l from every P rounded, the model's ``round_all_p``) on rows whose ``ties`` equal dominant keys
+    rose over a kept reference: its O follows its model rather than the top rung's (l fix: one P rounded), and
+    is within 10 % of rung 13's error against float64 (all three rounded to bf16 as written); the LSE exact."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 2, 400, 128, dtype=torch.float64)
+    k[..., 0] = -40.0
+    k[:, :, 0, 0] = 0.0
+    k[:, :, 200 : 200 + ties, 0] = round(step / LOG2E * 64) / 64
+    v = torch.randn(1, 2, 400, 128, generator=g, dtype=torch.float64)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    kw = {"block_n": TOP.block_n, "kernel_fp32": True, "rescale_threshold": RESCALE_THRESHOLD}
+    mine = attention_tiled(q, k, v, 1.0, round_all_p=True, **kw).bfloat16().float()
+    top = attention_tiled(q, k, v, 1.0, round_top_p=True, **kw).bfloat16().float()
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    o, lse = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=lround_rung)
+    o = o.float().cpu()
+    if ties > 1:
+        assert rel_l2(o, mine) < 0.5 * rel_l2(o, top)
+    ref = attention_exact(q, k, v, 1.0)
+    o13 = run_features(qc, kc, vc, scale=1.0, rung=rungs.get(13))[0].float().cpu()
+    assert rel_l2(o, ref) < 1.1 * rel_l2(o13, ref)
+    want = lse_exact(q, k, 1.0)
+    assert ((lse.double().cpu() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
 
 
 @pytest.mark.parametrize("kind", ["normal", "logits_x30", "near_constant"])

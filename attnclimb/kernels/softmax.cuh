@@ -92,8 +92,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // the relative error: <= 1.02e-4 = 2^−13.3 in fp32 Horner over [−0.5, 0.5], a twentieth of bf16's rounding
 // of P (coefficients: reference.POLY_EXP2_C, whose mirror poly_exp2_fp32 the CPU tests check), and 2^j is
 // the pattern (round(x) + 127) << 23, shifted out of t's bits: 0 when round(x) = −127. The clamp at −127
-// (max.NaN keeps a NaN a NaN, as MUFU.EX2 does) makes every x below it, −inf included, give +0, as
-// ex2.approx.ftz does below 2^−126. Valid for x <= 128; P never exceeds 2^8 here (rung 14's threshold).
+// (max.NaN keeps a NaN a NaN, as MUFU.EX2 does) makes every x below it, −inf included, give +0 (as
+// ex2.approx.ftz does below −126; x in (−126.5, −126) gives a subnormal here, 0 there). Valid for x < 127.5
+// (+inf gives NaN); P never exceeds 2^8 here (rung 14's threshold).
 // Cost: FMNMX, 3 FADD, 3 FFMA, SHF, FMUL on the FP32/INT pipes in place of one MUFU.EX2.
 __device__ __forceinline__ float poly_exp2(float x) {
     asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, −127), NaN stays NaN
