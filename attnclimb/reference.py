@@ -302,6 +302,8 @@ def attention_tiled(
     if block_m <= 0 or block_n <= 0:
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if round_top_p and round_all_p:
+        raise ValueError("round_top_p and round_all_p are two models of l: pass one")
     if kernel_fp32:
         return _attention_tiled_fp32(
             q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p, round_all_p

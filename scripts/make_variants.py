@@ -121,31 +121,31 @@ def nolfix(src: str) -> str:
     return _sub(src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True)
 
 
-LROUND_HEADER = """// A/B variant (make_variants.py, lround): l sums each P rounded to the P·V operand type, pair
-// by pair as pack_p_fragment packs them, so O = P·V / l uses one set of weights (rung 14's page: the l
-// fix corrects only the tile max; tied maxima keep the rest of the rounding).
+LROUND_HEADER = """// A/B variant (make_variants.py, lround): l sums each P rounded to the P·V operand type, as
+// pack_p_fragment will round it after the previous P·V's wait, so O = P·V / l uses one set of weights (rung
+// 14's page: the l fix corrects only the tile max; tied maxima keep the rest of the rounding).
 #pragma once
 #include "common.cuh"
 
-// P of two adjacent columns rounded to T as pack2<T> rounds them (pack_p_fragment later packs the same bits).
+// Two adjacent P rounded (to nearest) to T, as pack2<T> rounds them; packing them again is exact.
 __device__ __forceinline__ void round_pair(float& lo, float& hi, bf16) {
-    const uint32_t packed = pack2<bf16>(lo, hi);
+    const uint32_t packed = pack2<bf16>(lo, hi);  // one F2FP for the pair
     lo = __uint_as_float(packed << 16);
     hi = __uint_as_float(packed & 0xFFFF0000u);
 }
-__device__ __forceinline__ void round_pair(float& lo, float& hi, f16) {
-    const uint32_t packed = pack2<f16>(lo, hi);
-    lo = __half2float(__ushort_as_half(static_cast<unsigned short>(packed & 0xFFFFu)));
-    hi = __half2float(__ushort_as_half(static_cast<unsigned short>(packed >> 16)));
-}
+// fp16 builds: not rounded (l as in rung 14 without the l fix). Rounding here, by pair or by element, made
+// four causal FP16 builds spill; the A/B measures the bf16 build.
+__device__ __forceinline__ void round_pair(float&, float&, f16) {}
 """
 
 
 def lround(src: str) -> str:
-    """Rung 14 with l summed from each P rounded as P·V rounds it (``round_pair``: one F2FP pack and two unpacks
-    per pair of scores, in the softmax under the previous P·V), instead of the l fix (only the tile max's P
-    rounded); the LSE variants keep the unrounded sum in ``l_lse``. Model: ``attention_tiled(...,
-    round_all_p=True)``."""
+    """Rung 14 with l summed from each P rounded as P·V rounds it (``round_pair``, in the softmax under the
+    previous P·V: bf16, one F2FP and two integer ops per pair; the FP16 builds do not round, see the header),
+    instead of the l fix (only the tile max's P rounded); the LSE variants keep the unrounded sum in
+    ``l_lse``. P is packed again after the wait, as in rung 14 (exact: the values are already rounded).
+    Keeping the packed pairs from the softmax instead (``p_next``, copied into the A fragment after the wait)
+    made ptxas serialise the wgmmas (C7513). Model: ``attention_tiled(..., round_all_p=True)``."""
     src = nolfix(src)
     src = _sub(src, '#include "softmax.cuh"\n', '#include "softmax.cuh"\n#include "lround.cuh"\n', 1)
     src = _sub(

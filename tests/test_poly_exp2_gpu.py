@@ -58,7 +58,7 @@ def lround_rung():
 
 
 @pytest.mark.parametrize("ties", [1, 4])
-@pytest.mark.parametrize("step", [5.3, 7.9])
+@pytest.mark.parametrize("step", [5.3, 7.0, 7.9])  # P = 2^7.0 rounds up in bf16, 2^5.3 and 2^7.9 down
 def test_lround_tied_maxima(lround_rung, step, ties):
     """lround (l from every P rounded, the model's ``round_all_p``) on rows whose ``ties`` equal dominant keys
     rose over a kept reference: its O follows its model rather than the top rung's (l fix: one P rounded), and
@@ -116,3 +116,23 @@ def test_poly_variant_head_dim_64_causal_lse(poly_rung, causal):
     assert rel_l2(o, attention_exact(q, k, v, 1 / 8, causal=causal)) <= TOL
     _, lse_top = run_features(q, k, v, causal=causal, with_lse=True, rung=TOP)
     assert (lse - lse_top).abs().max().item() < 1e-3  # the l of 2^-13 accurate P: ln(1 ± 1e-4)
+
+
+@pytest.mark.parametrize("name", ["lround", "poly4"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_variants_fp16(name, causal):
+    """The FP16 builds (lround's l from unrounded P there; poly blocks on the FMA pipe) against float64, with
+    the LSE, on ordinary values and on Q scaled by 300 (fp16 P far from 1 for most keys)."""
+    r = variant_rung(name)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(9)
+        for big in (1.0, 300.0):
+            q, k, v = (torch.randn(1, 4, 1000, 128, device="cuda", generator=g).half() for _ in range(3))
+            q = (q.float() * big).half()
+            sc = 1 / math.sqrt(128)
+            o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True, rung=r)
+            assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
+            want = lse_exact(q, k, sc, causal=causal)
+            assert ((lse.double() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-4
+    finally:
+        r.source.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ import pytest
 
 from attnclimb import rungs
 from attnclimb.runtime.compiler import compile_source
+from attnclimb.runtime.launch import feature_variant
 from attnclimb.runtime.sass import find_cuobjdump, sass
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +64,29 @@ def test_lround_sums_the_rounded_pairs(tmp_path):
     assert src.count("round_pair(s[j][0], s[j][1], elem());") == 2 and '#include "lround.cuh"' in src
 
 
+@pytest.mark.parametrize("name", ["lround", "poly4"])
+@pytest.mark.parametrize(
+    "causal,gqa,lse,strided,fp16,head_dim",
+    [(1, 0, 1, 0, 1, 128), (1, 1, 1, 1, 1, 128), (1, 1, 0, 1, 1, 128), (0, 0, 1, 0, 1, 64), (1, 0, 1, 0, 0, 256)],
+)
+def test_lround_feature_builds_without_spills(tmp_path, name, causal, gqa, lse, strided, fp16, head_dim):
+    """The feature builds where a first version of lround spilled (fp16 with causal, review), and two others:
+    the variants must compile without spills wherever the top rung does."""
+    _load().main(str(tmp_path))
+    r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, None, bool(fp16))
+    c = compile_source(r, _inlined(tmp_path / name))
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert "C7513" not in c.log, c.log  # "wgmma.mma_async instructions are serialized"
+
+
 @pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix", "lround", "poly2", "poly4", "poly8"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
     c = compile_source(rungs.TOP, _inlined(tmp_path / name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert "C7513" not in c.log, c.log  # "wgmma.mma_async instructions are serialized"
     if find_cuobjdump() is not None:
         assert re.search(r"\bHGMMA\b", sass(c.cubin))
 
