@@ -217,11 +217,10 @@ def _attention_tiled_fp32(
             else:
                 alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
-            l_exact = l_exact * alpha + p.sum(dim=-1, keepdim=True)
-            if round_all_p:  # l sums P as P·V does: each P rounded to p_dtype
-                l = l * alpha + p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True)
-            else:
-                l = l * alpha + p.sum(dim=-1, keepdim=True)
+            p_sum = p.sum(dim=-1, keepdim=True)
+            l_exact = l_exact * alpha + p_sum
+            # round_all_p: l sums P as P·V does, each P rounded to p_dtype
+            l = l * alpha + (p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True) if round_all_p else p_sum)
             if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
                 top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
                 top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
