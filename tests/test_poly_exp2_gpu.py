@@ -5,7 +5,6 @@ and fp32-limit logits, at head_dim 128 and 64, NaN-poisoned outputs; lround as e
 maxima. A variant that is faster but fails here does not become a rung."""
 
 import dataclasses
-import importlib.util
 import math
 from pathlib import Path
 
@@ -13,10 +12,11 @@ import pytest
 import torch
 from test_gpu import OFFSET_CASES, TOL, _gen, make_inputs
 from test_gpu_features import run_features
+from test_lazy_rescale_gpu import _dominant_key_inputs, lse_rel_err
+from test_variants_cpu import _inlined, _load
 
 from attnclimb import rungs
 from attnclimb.reference import (
-    LOG2E,
     RESCALE_THRESHOLD,
     attention_exact,
     attention_tiled,
@@ -29,30 +29,25 @@ pytestmark = pytest.mark.gpu
 TOP = rungs.TOP
 
 
-def variant_rung(name):
-    """make_variants.py's variant ``name`` of the top rung as a rung of its own: its source (with its own
-    headers inlined) written beside the kernels, as scripts/ab_rungs.py does; remove ``.source`` afterwards."""
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("make_variants", root / "scripts" / "make_variants.py")
-    mv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mv)
-    make = mv.lround if name == "lround" else mv.poly(int(name[4:]))
-    src = make(TOP.source.read_text()).replace('#include "lround.cuh"', mv.LROUND_HEADER.replace("#pragma once\n", ""))
+def variant_rung(name, out):
+    """make_variants.py's variant ``name`` of the top rung (written under ``out``) as a rung of its own: its
+    source, headers inlined, beside the kernels, as scripts/ab_rungs.py does; remove ``.source`` afterwards."""
+    _load().main(str(out))
     r = dataclasses.replace(TOP, name=f"{TOP.name}_{name}")
-    r.source.write_text(src)
+    r.source.write_text(_inlined(Path(out) / name))
     return r
 
 
 @pytest.fixture(scope="module", params=["poly2", "poly4", "poly8"])
-def poly_rung(request):
-    r = variant_rung(request.param)
+def poly_rung(request, tmp_path_factory):
+    r = variant_rung(request.param, tmp_path_factory.mktemp("ab"))
     yield r
     r.source.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
-def lround_rung():
-    r = variant_rung("lround")
+def lround_rung(tmp_path_factory):
+    r = variant_rung("lround", tmp_path_factory.mktemp("ab"))
     yield r
     r.source.unlink(missing_ok=True)
 
@@ -63,15 +58,7 @@ def test_lround_tied_maxima(lround_rung, step, ties):
     """lround (l from every P rounded, the model's ``round_all_p``) on rows whose ``ties`` equal dominant keys
     rose over a kept reference: its O follows its model rather than the top rung's (l fix: one P rounded), and
     is within 10 % of rung 13's error against float64 (all three rounded to bf16 as written); the LSE exact."""
-    g = torch.Generator().manual_seed(1)
-    q = torch.zeros(1, 2, 64, 128, dtype=torch.float64)
-    q[..., 0] = 1.0
-    k = torch.zeros(1, 2, 400, 128, dtype=torch.float64)
-    k[..., 0] = -40.0
-    k[:, :, 0, 0] = 0.0
-    k[:, :, 200 : 200 + ties, 0] = round(step / LOG2E * 64) / 64
-    v = torch.randn(1, 2, 400, 128, generator=g, dtype=torch.float64)
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    q, k, v = _dominant_key_inputs(step, ties=ties)
     kw = {"block_n": TOP.block_n, "kernel_fp32": True, "rescale_threshold": RESCALE_THRESHOLD}
     mine = attention_tiled(q, k, v, 1.0, round_all_p=True, **kw).bfloat16().float()
     top = attention_tiled(q, k, v, 1.0, round_top_p=True, **kw).bfloat16().float()
@@ -84,7 +71,7 @@ def test_lround_tied_maxima(lround_rung, step, ties):
     o13 = run_features(qc, kc, vc, scale=1.0, rung=rungs.get(13))[0].float().cpu()
     assert rel_l2(o, ref) < 1.1 * rel_l2(o13, ref)
     want = lse_exact(q, k, 1.0)
-    assert ((lse.double().cpu() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-5
+    assert lse_rel_err(lse, want) < 1e-5
 
 
 @pytest.mark.parametrize("kind", ["normal", "logits_x30", "near_constant"])
@@ -120,10 +107,10 @@ def test_poly_variant_head_dim_64_causal_lse(poly_rung, causal):
 
 @pytest.mark.parametrize("name", ["lround", "poly4"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_variants_fp16(name, causal):
+def test_variants_fp16(name, causal, tmp_path):
     """The FP16 builds (lround's l from unrounded P there; poly blocks on the FMA pipe) against float64, with
     the LSE, on ordinary values and on Q scaled by 300 (fp16 P far from 1 for most keys)."""
-    r = variant_rung(name)
+    r = variant_rung(name, tmp_path)
     try:
         g = torch.Generator(device="cuda").manual_seed(9)
         for big in (1.0, 300.0):
@@ -133,6 +120,6 @@ def test_variants_fp16(name, causal):
             o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True, rung=r)
             assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
             want = lse_exact(q, k, sc, causal=causal)
-            assert ((lse.double() - want).abs() / want.abs().clamp(min=1.0)).max().item() < 1e-4
+            assert lse_rel_err(lse, want) < 1e-4
     finally:
         r.source.unlink(missing_ok=True)
