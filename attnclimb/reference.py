@@ -81,6 +81,29 @@ def _fma32(a, b, c):
 ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
 RESCALE_THRESHOLD = 8.0  # rung 14's RESCALE_THRESHOLD (14_lazy_rescale.cu): P against a kept reference <= 2^8
 
+# softmax.cuh's poly_exp2: 2^f ≈ 1 + f·(c1 + f·(c2 + f·c3)) on [−0.5, 0.5] (p(0) = 1 exactly)
+POLY_EXP2_C = (1.0, 0.6932829022407532, 0.24221009016036987, 0.05500851944088936)
+
+
+def poly_exp2_fp32(x):
+    """Float32 mirror of ``smx::poly_exp2`` (``attnclimb/kernels/softmax.cuh``): 2^x on the FMA pipe.
+
+    ``x``: a float32 tensor. Clamps at −127 (NaN stays NaN), rounds x to an integer j by adding
+    ``M = 1.5·2^23 + 127`` (one float32 add), evaluates the degree-3 polynomial :data:`POLY_EXP2_C` at
+    ``f = x − j`` in float32 Horner (FFMAs), and scales by ``2^j`` taken from the bits of ``x + M`` (0 for
+    j = −127). Returns float32; relative error <= 1.02e-4 against 2^x for −126 <= x < 127.5, +0 below −127.
+    """
+    f32 = torch.float32
+    x = torch.where(x < -127.0, torch.full_like(x, -127.0), x)  # max.NaN: NaN compares false, stays
+    magic = torch.tensor(12583039.0, dtype=f32)
+    t = (x + magic).to(f32)
+    f = (x - (t - magic)).to(f32)
+    c0, c1, c2, c3 = (torch.tensor(c, dtype=f32) for c in POLY_EXP2_C)
+    p = _fma32(_fma32(_fma32(c3.expand_as(f), f, c2.expand_as(f)), f, c1.expand_as(f)), f, c0.expand_as(f))
+    bits = (t.view(torch.int32).to(torch.int64) << 23) & 0xFFFFFFFF  # the shift of a 32-bit pattern
+    scale = bits.to(torch.int64).where(bits < 2**31, bits - 2**32).to(torch.int32).view(f32)
+    return (p * scale).to(f32)
+
 
 def _mul32_up(a, b):
     """``a·b`` rounded toward +inf in float32 (``__fmul_ru``, FMUL.RP): the float64 product of two float32
@@ -143,7 +166,17 @@ F16_MAX = 65504.0
 
 
 def _attention_tiled_fp32(
-    q, k, v, scale, block_m, block_n, return_lse, p_dtype=torch.bfloat16, rescale_threshold=None, round_top_p=False
+    q,
+    k,
+    v,
+    scale,
+    block_m,
+    block_n,
+    return_lse,
+    p_dtype=torch.bfloat16,
+    rescale_threshold=None,
+    round_top_p=False,
+    round_all_p=False,
 ):
     """The kernels' arithmetic (see the module docstring); float32 results (fp16 O with fp16 P)."""
     f32 = torch.float32
@@ -185,8 +218,9 @@ def _attention_tiled_fp32(
                 alpha, mul, neg_ref, err = online_rescale_fp32(m, err, m_new, c)
                 p = torch.exp2(_fma32(s, mul.expand_as(s), neg_ref.expand_as(s)))
             p_sum = p.sum(dim=-1, keepdim=True)
-            l = l * alpha + p_sum
             l_exact = l_exact * alpha + p_sum
+            # round_all_p: l sums P as P·V does, each P rounded to p_dtype
+            l = l * alpha + (p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True) if round_all_p else p_sum)
             if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
                 top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
                 top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
@@ -240,6 +274,7 @@ def attention_tiled(
     p_dtype=torch.bfloat16,
     rescale_threshold=None,
     round_top_p=False,
+    round_all_p=False,
 ):
     """Tiled online-softmax attention, the kernels' algorithm, simulated on the CPU in ``dtype``.
 
@@ -256,7 +291,8 @@ def attention_tiled(
     row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
     l exactly as in P·V (the LSE still takes the unrounded sum). Rung 14 is ``rescale_threshold=8.0,
     round_top_p=True``; without ``round_top_p`` the model is rung 14 as first landed (its ``nolfix`` A/B
-    variant, ``scripts/make_variants.py``).
+    variant, ``scripts/make_variants.py``). ``round_all_p`` (with ``kernel_fp32``; the ``lround`` variant) sums
+    every P into l rounded to ``p_dtype``, exactly the weights P·V uses; the LSE again takes the unrounded sum.
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
     ``rescale_threshold`` without ``kernel_fp32``.
@@ -265,12 +301,16 @@ def attention_tiled(
     if block_m <= 0 or block_n <= 0:
         raise ValueError("block sizes must be positive")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if round_top_p and round_all_p:
+        raise ValueError("round_top_p and round_all_p are two models of l: pass one")
     if kernel_fp32:
         return _attention_tiled_fp32(
-            q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p
+            q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p, round_all_p
         )
-    if rescale_threshold is not None or round_top_p:
-        raise ValueError("rescale_threshold and round_top_p model the kernels' fp32 arithmetic: pass kernel_fp32=True")
+    if rescale_threshold is not None or round_top_p or round_all_p:
+        raise ValueError(
+            "rescale_threshold, round_top_p and round_all_p model the kernels' fp32 arithmetic: pass kernel_fp32=True"
+        )
     q, k, v = (t.to(dtype) for t in (q, k, v))
     # As the kernels do: a negative scale negates Q (softmax(scale·S) = softmax(|scale|·(−S))), so the
     # running max of raw scores is the max of scaled ones; a zero scale becomes the smallest normal

@@ -16,11 +16,17 @@
 #   bash scripts/device_calls.sh ab-short   (no carry, ~2 min) short K/V (issue 13: 1k and the 512-key cross-attention,
 #                                           where cuDNN leads): rung 14 against BLOCK_N 128 with 2 and 3 stages; and
 #                                           rung 13 against rung 14 causal at 1k-16k (rung 14's causal gain, unmeasured)
+#   bash scripts/device_calls.sh ab-exp2    (no carry, ~4 min) rung 14 against `lround` (l from every rounded P), the
+#                                           poly2/poly4/poly8 variants on it (a share of the exponentials on the FMA pipe,
+#                                           smx::poly_exp2) and `sleep` (FA4's producer wait), head_dim 128 and 64 (lround,
+#                                           poly4, poly8); predictions on rung 14's page
+#   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "nolfix=.ab/nolfix l2p256=.ab/base@l2_promotion=256", written there by make_variants.py) names the A/B variants of the top
-# rung (other folders under .ab can be carried).
+# AB_VARIANTS (default none; e.g. "lround=.ab/lround", written there by make_variants.py) names A/B variants of
+# the top rung (other folders under .ab can be carried). lround, poly2/4/8 and sleep were measured at 8ac76ca
+# (ab-exp2; rung 14's page): none kept.
 set -uo pipefail
 # git on the device reports the checkout the session started in (HEAD and "-dirty"), not the tree sent:
 # the commit recorded in every JSON comes from ATTNCLIMB_GIT_COMMIT, which each call must set.
@@ -42,7 +48,7 @@ case "${1:-}" in
       echo "FA4 install failed: the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
-    args=(); for v in ${AB_VARIANTS:-nolfix=.ab/nolfix l2p256=.ab/base@l2_promotion=256}; do
+    args=(); for v in ${AB_VARIANTS:-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
@@ -81,6 +87,21 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
-  *) sed -n 2,23p "$0"; exit 2 ;;
+  ab-exp2)   # (no carry, ~4 min; FA4 too if `peers` installed it) issue 13 item 6 and issue 8's head_dim 64
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    vs=(--variant lround=.ab/lround --variant poly4=.ab/poly4 --variant poly8=.ab/poly8 --variant poly2=.ab/poly2
+      --variant sleep=.ab/sleep)
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 3 \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_exp2.json" 2>&1 | tail -9
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]:0:6}" --head-dim 64 --rounds 3 --no-errors \
+      --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_exp2_d64.json" 2>&1 | tail -5
+    ;;
+  bshd)      # (no carry, ~2 min) issue 9's view/contiguous ratio with 6 interleaved rounds (one bench has 2-3)
+    PYTHONPATH=. python3 -c "import json,sys; from attnclimb.bench.dropin import run_bshd_view
+json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
+      python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
+    ;;
+  *) sed -n 2,29p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"

@@ -8,6 +8,10 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 * ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
   warpgroup's own softmax runs under its own P·V (rung 9, fixed in issue 13);
 * ``tree/…``: the row max and row sum of a tile in four independent chains per row;
+* ``lround/…`` + ``lround.cuh``: l summed from each P rounded as P·V rounds it, instead of the l fix (which
+  rounds only the tile max's P; tied maxima keep the rest);
+* ``poly2/…``, ``poly4/…``, ``poly8/…`` (on ``lround``): every 2nd / 4th / 8th column block of S
+  exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page).
 
@@ -117,6 +121,89 @@ def nolfix(src: str) -> str:
     return _sub(src, r"\n[ \t]*// P·V sums P rounded.*?p_top_rounded - p_top : 0\.f\);\n#endif", "", 1, regex=True)
 
 
+LROUND_HEADER = """// A/B variant (make_variants.py, lround): l sums each P rounded to the P·V operand type, as
+// pack_p_fragment will round it after the previous P·V's wait, so O = P·V / l uses one set of weights (rung
+// 14's page: the l fix corrects only the tile max; tied maxima keep the rest of the rounding).
+#pragma once
+#include "common.cuh"
+
+// Two adjacent P rounded (to nearest) to T, as pack2<T> rounds them; packing them again is exact.
+__device__ __forceinline__ void round_pair(float& lo, float& hi, bf16) {
+    const uint32_t packed = pack2<bf16>(lo, hi);  // one F2FP for the pair
+    lo = __uint_as_float(packed << 16);
+    hi = __uint_as_float(packed & 0xFFFF0000u);
+}
+// fp16 builds: not rounded (l as in rung 14 without the l fix). Rounding here, by pair or by element, made
+// four causal FP16 builds spill; the A/B measures the bf16 build.
+__device__ __forceinline__ void round_pair(float&, float&, f16) {}
+"""
+
+
+def lround(src: str) -> str:
+    """Rung 14 with l summed from each P rounded as P·V rounds it (``round_pair``, in the softmax under the
+    previous P·V: bf16, one F2FP and two integer ops per pair; the FP16 builds do not round, see the header),
+    instead of the l fix (only the tile max's P rounded); the LSE variants keep the unrounded sum in
+    ``l_lse``. P is packed again after the wait, as in rung 14 (exact: the values are already rounded).
+    Keeping the packed pairs from the softmax instead (``p_next``, copied into the A fragment after the wait)
+    made ptxas serialise the wgmmas (C7513). Model: ``attention_tiled(..., round_all_p=True)``."""
+    src = nolfix(src)
+    src = _sub(src, '#include "softmax.cuh"\n', '#include "softmax.cuh"\n#include "lround.cuh"\n', 1)
+    src = _sub(
+        src,
+        "    float l_fix[2];  // what the l fix below added to row_sum (lane t == 0): the LSE leaves it out\n",
+        "    float l_lse[2];  // lround: the unrounded sum of P, for the LSE\n",
+        1,
+    )
+    src = _sub(src, "        l_fix[0] = l_fix[1] = 0.f;\n", "        l_lse[0] = l_lse[1] = 0.f;\n", 1)
+    src = _sub(
+        src,
+        "quad_sum(row_sum[r] - l_fix[r]);  // sum P without the l fix's roundings",
+        "quad_sum(l_lse[r]);  // the unrounded sum of P",
+        1,
+    )
+    src = _sub(
+        src,
+        "            row_sum[r] *= alpha[r];\n",
+        "            row_sum[r] *= alpha[r];\n#if WRITE_LSE\n            l_lse[r] *= alpha[r];\n#endif\n",
+        1,
+    )
+    # both softmax loops (the fp16 slow path's and the common one): l_lse gets P, row_sum the rounded pairs
+    src = _sub(
+        src,
+        r"(\n(?P<i>[ \t]*)row_sum\[e >> 1\] \+= s\[j\]\[e\];\n(?P<o>[ \t]*)\}\n)",
+        lambda m: (
+            f"\n#if WRITE_LSE\n{m['i']}l_lse[e >> 1] += s[j][e];\n#endif\n{m['o']}}}\n"
+            f"{m['o']}round_pair(s[j][0], s[j][1], elem());  // l sums P as P·V will (lround)\n"
+            f"{m['o']}round_pair(s[j][2], s[j][3], elem());\n"
+            f"{m['o']}row_sum[0] += s[j][0] + s[j][1];\n{m['o']}row_sum[1] += s[j][2] + s[j][3];\n"
+        ),
+        regex=True,
+    )
+    return src
+
+
+def poly(every: int):
+    """Rung 14 with every ``every``-th column block of S (j % every == every − 1: 1/2, 5/22 or 2/22 of the
+    exponentials at ``every`` = 2, 4, 8) exponentiated on the FMA pipe (``smx::poly_exp2``, softmax.cuh) and
+    the rest on MUFU.EX2 (issue 13, item 6: FlashAttention-4's split of the exponentials between the two
+    units). Built on ``lround`` (l from the rounded P, whichever unit computed it: the l fix's tile-max P on
+    MUFU would not match a poly block's P). The bf16 loop only; the fp16 slow path and alpha stay on MUFU."""
+
+    def make(src: str) -> str:
+        return _sub(
+            lround(src),
+            """                s[j][e] =
+                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+""",
+            f"""                const float x = fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref);
+                s[j][e] = j % {every} == {every - 1} ? smx::poly_exp2(x) : smx::fast_exp2(x);  // FMA pipe : MUFU
+""",
+            1,
+        )
+
+    return make
+
+
 def _sub(text, old, new, count=None, regex=False):
     n = len(re.findall(old, text, flags=re.S)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
@@ -142,6 +229,10 @@ def main(out=".ab"):
         ("tree", tree, {}),
         ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
         ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}),
+        ("lround", lround, {"lround.cuh": LROUND_HEADER}),
+        ("poly2", poly(2), {"lround.cuh": LROUND_HEADER}),
+        ("poly4", poly(4), {"lround.cuh": LROUND_HEADER}),
+        ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import pytest
 
 from attnclimb import rungs
 from attnclimb.runtime.compiler import compile_source
+from attnclimb.runtime.launch import feature_variant
 from attnclimb.runtime.sass import find_cuobjdump, sass
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,17 +48,45 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix"])
-def test_variants_compile_without_spills(tmp_path, name):
-    _load().main(str(tmp_path))
-    d = tmp_path / name
+def _inlined(d):
+    """The variant in folder ``d`` with its own headers inlined (their includes resolve in the kernels)."""
     src = (d / rungs.TOP.source.name).read_text()
-    for h in d.glob("*.cuh"):  # the variant's own header, inlined (its own includes resolve in the kernels)
-        body = h.read_text().replace("#pragma once\n", "")
-        src = src.replace(f'#include "{h.name}"', body)
-    c = compile_source(rungs.TOP, src)
+    for h in d.glob("*.cuh"):
+        src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
+    return src
+
+
+def test_lround_sums_the_rounded_pairs(tmp_path):
+    """lround: no l fix (p_top), l_lse for the LSE, and both softmax loops round their pairs before l sums them."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "lround" / rungs.TOP.source.name).read_text()
+    assert "p_top" not in src and "l_fix" not in src and src.count("l_lse[e >> 1] += s[j][e];") == 2
+    assert src.count("round_pair(s[j][0], s[j][1], elem());") == 2 and '#include "lround.cuh"' in src
+
+
+@pytest.mark.parametrize("name", ["lround", "poly4"])
+@pytest.mark.parametrize(
+    "causal,gqa,lse,strided,fp16,head_dim",
+    [(1, 0, 1, 0, 1, 128), (1, 1, 1, 1, 1, 128), (1, 1, 0, 1, 1, 128), (0, 0, 1, 0, 1, 64), (1, 0, 1, 0, 0, 256)],
+)
+def test_lround_feature_builds_without_spills(tmp_path, name, causal, gqa, lse, strided, fp16, head_dim):
+    """The feature builds where a first version of lround spilled (fp16 with causal, review), and two others:
+    the variants must compile without spills wherever the top rung does."""
+    _load().main(str(tmp_path))
+    r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, None, bool(fp16))
+    c = compile_source(r, _inlined(tmp_path / name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert "C7513" not in c.log, c.log  # "wgmma.mma_async instructions are serialized"
+
+
+@pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix", "lround", "poly2", "poly4", "poly8"])
+def test_variants_compile_without_spills(tmp_path, name):
+    _load().main(str(tmp_path))
+    c = compile_source(rungs.TOP, _inlined(tmp_path / name))
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    assert "C7513" not in c.log, c.log  # "wgmma.mma_async instructions are serialized"
     if find_cuobjdump() is not None:
         assert re.search(r"\bHGMMA\b", sass(c.cubin))
 
@@ -70,3 +99,16 @@ def test_l_fix_costs_one_ex2_per_row_and_tile(tmp_path):
     src = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
     top = sass(compile_source(rungs.TOP, rungs.TOP.source.read_text()).cubin).count("MUFU.EX2")
     assert sass(compile_source(rungs.TOP, src).cubin).count("MUFU.EX2") == top - 4
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("every,blocks", [(2, 11), (4, 5), (8, 2)])
+def test_poly_variants_move_exponentials_off_mufu(tmp_path, every, blocks):
+    """polyN computes the exponentials of ``blocks`` of the 22 column blocks of S with smx::poly_exp2: 4 per
+    block and thread fewer MUFU.EX2 in each copy of the softmax (the peeled first tile and the loop; the
+    fp16 slow path is not in the bf16 build) than lround, which they are built on, and no new MUFU of any kind."""
+    _load().main(str(tmp_path))
+    top, var = (sass(compile_source(rungs.TOP, _inlined(tmp_path / n)).cubin) for n in ("lround", f"poly{every}"))
+    fewer = top.count("MUFU.EX2") - var.count("MUFU.EX2")
+    assert fewer > 0 and fewer % (4 * blocks) == 0, fewer
+    assert var.count("MUFU") == top.count("MUFU") - fewer

@@ -84,6 +84,27 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// 2^x on the FMA pipe instead of the special-function unit, for a share of a tile's exponentials (the idea of
+// FlashAttention-4's Blackwell softmax; issue 13, item 6). Range reduction by one rounding add: with
+// M = 1.5·2^23 + 127, t = x + M is an fp32 number in [2^23, 2^24), whose ulp is 1, so t = M + round(x) and
+// the low bits of its pattern hold round(x) + 127; j = t − M and f = x − j ∈ [−0.5, 0.5] are exact. 2^f is a
+// degree-3 polynomial with p(0) = 1 exactly (so a key at the reference gets P = 1, as from MUFU), fitted for
+// the relative error: <= 1.02e-4 = 2^−13.3 in fp32 Horner over [−0.5, 0.5], a twentieth of bf16's rounding
+// of P (coefficients: reference.POLY_EXP2_C, whose mirror poly_exp2_fp32 the CPU tests check), and 2^j is
+// the pattern (round(x) + 127) << 23, shifted out of t's bits: 0 when round(x) = −127. The clamp at −127
+// (max.NaN keeps a NaN a NaN, as MUFU.EX2 does) makes every x below it, −inf included, give +0 (as
+// ex2.approx.ftz does below −126; x in (−126.5, −126) gives a subnormal here, 0 there). Valid for x < 127.5
+// (+inf gives NaN); P never exceeds 2^8 here (rung 14's threshold).
+// Cost: FMNMX, 3 FADD, 3 FFMA, SHF, FMUL on the FP32/INT pipes in place of one MUFU.EX2.
+__device__ __forceinline__ float poly_exp2(float x) {
+    asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, −127), NaN stays NaN
+    const float magic = 12583039.f;                      // 1.5·2^23 + 127
+    const float t = __fadd_rn(x, magic);                 // rounded add: not contracted, not reassociated
+    const float f = __fsub_rn(x, __fsub_rn(t, magic));   // x − round(x), exactly
+    const float p = fmaf(fmaf(fmaf(0.055008519f, f, 0.24221009f), f, 0.69328290f), f, 1.f);
+    return p * __uint_as_float(__float_as_uint(t) << 23);  // · 2^round(x)
+}
+
 // The running max before any key: finite, below every finite score that matters (see above).
 constexpr float ROW_MAX_INIT = -CUDART_NORM_HUGE_F;  // −FLT_MAX
 
