@@ -22,6 +22,7 @@ import json
 import math
 import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import torch
@@ -112,7 +113,35 @@ def errors(impls, g):
     return rows
 
 
-def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None):
+class Clocks:
+    """SM clock (MHz) and board power (W) as ``nvidia-smi`` samples them every 20 ms while the block runs (read
+    only; the card's settings are left alone). ``median()`` -> (MHz, W), or (None, None) without nvidia-smi."""
+
+    def __enter__(self):
+        cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"]
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        self.samples = []
+        if self.proc is not None:
+            self.proc.terminate()
+            for line in self.proc.communicate()[0].splitlines():
+                try:
+                    self.samples.append(tuple(float(x) for x in line.split(",")[:2]))
+                except ValueError:
+                    pass
+
+    def median(self):
+        if not self.samples:
+            return None, None
+        return tuple(statistics.median(x[i] for x in self.samples) for i in (0, 1))
+
+
+def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None, clocks=False):
     res = []
     from attnclimb.bench.peers import make_peer
 
@@ -138,12 +167,21 @@ def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None):
             fa4_sets = [fa4.prepare(q, k, v) for q, k, v in sets]
             fns["fa4"] = timing.rotating(fa4.for_shape(shape).call, fa4_sets)
         times = {k: [] for k in fns}
+        mhz = {k: [] for k in fns}
         for rnd in range(rounds):  # the order alternates between rounds, so a drift in clocks hits all alike
             for k, fn in list(fns.items())[:: 1 if rnd % 2 == 0 else -1]:
-                times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
+                if clocks:
+                    with Clocks() as c:
+                        times[k].append(triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median"))
+                    mhz[k].append(c.median())
+                else:
+                    times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
         row = {"shape": [b, h, s, *sk]}
         for k, ts in times.items():
             row[k] = shape.flops / (statistics.median(ts) * 1e-3) / 1e12
+            if mhz[k] and all(m is not None for m, _ in mhz[k]):
+                row[f"{k}_mhz"] = statistics.median(m for m, _ in mhz[k])
+                row[f"{k}_watts"] = statistics.median(w for _, w in mhz[k])
         res.append(row)
         del sets, prepared, fns
         torch.cuda.empty_cache()
@@ -163,6 +201,9 @@ def main():
     ap.add_argument(
         "--bshd", action="store_true", help="time on BSHD views (Q, K, V as .transpose(1, 2) of (B, S, H, D))"
     )
+    ap.add_argument(
+        "--clocks", action="store_true", help="sample the SM clock and power (nvidia-smi) while timing; 1 s per timing"
+    )
     ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS or BxHxSqxSk, ...")
     args = ap.parse_args()
     impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
@@ -172,7 +213,15 @@ def main():
     tim = (
         []
         if args.no_timing
-        else timings(impls, shapes, rounds=args.rounds, causal=args.causal, bshd=args.bshd, head_dim=args.head_dim)
+        else timings(
+            impls,
+            shapes,
+            rounds=args.rounds,
+            causal=args.causal,
+            bshd=args.bshd,
+            head_dim=args.head_dim,
+            clocks=args.clocks,
+        )
     )
     from attnclimb.bench.run import collect_env
 
@@ -196,6 +245,15 @@ def main():
         print(f"{'shape':18s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
         for r in tim:
             print(f"{r['shape']!s:18s} " + " ".join(f"{r[x]:7.0f} ({r[x] / r['cudnn']:.3f})" for x in labels))
+        if "cudnn_mhz" in tim[0]:
+            print("median SM clock MHz / board power W while timing; TFLOP/s per GHz")
+            for r in tim:
+                print(
+                    f"{r['shape']!s:18s} "
+                    + " ".join(
+                        f"{r[x + '_mhz']:5.0f}/{r[x + '_watts']:3.0f} {r[x] / r[x + '_mhz'] * 1e3:4.0f}" for x in labels
+                    )
+                )
     for _, r in impls:
         if r is not rungs.get(r.number):
             r.source.unlink(missing_ok=True)

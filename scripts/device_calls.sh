@@ -20,6 +20,10 @@
 #                                           poly2/poly4/poly8 variants on it (a share of the exponentials on the FMA pipe,
 #                                           smx::poly_exp2) and `sleep` (FA4's producer wait), head_dim 128 and 64 (lround,
 #                                           poly4, poly8); predictions on rung 14's page
+#   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1, q2, q3 in turn: stages that FA4 part; FA4 is
+#                                           timed once q3 is in) the diagnostics noload / noexp (make_variants.py,
+#                                           wrong results, timing only) against rung 14, cuDNN (and FA4) with the SM
+#                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
@@ -96,6 +100,17 @@ case "${1:-}" in
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_exp2.json" 2>&1 | tail -9
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]:0:6}" --head-dim 64 --rounds 3 --no-errors \
       --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_exp2_d64.json" 2>&1 | tail -5
+    ;;
+  diag)
+    shift
+    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3; do [ -d $q ] && cp $q/* /tmp/fa4/; done
+    if [ -d .peers/q3 ]; then (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
+      rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
+      echo "FA4 install failed"; fi
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant noload=.ab/noload --variant noexp=.ab/noexp \
+      --rounds 3 --no-errors --clocks --out "$OUT/diag$(date +%H%M%S).json" "$@" 2>&1 | tail -12
     ;;
   bshd)      # (no carry, ~2 min) issue 9's view/contiguous ratio with 6 interleaved rounds (one bench has 2-3)
     PYTHONPATH=. python3 -c "import json,sys; from attnclimb.bench.dropin import run_bshd_view

@@ -13,7 +13,9 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
 * ``poly2/…``, ``poly4/…``, ``poly8/…`` (on ``lround``): every 2nd / 4th / 8th column block of S
   exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
-  suspend-time hint (measured on rung 12: no gain, rung 12's page).
+  suspend-time hint (measured on rung 12: no gain, rung 12's page);
+* ``noload/…`` and ``noexp/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V copies after
+  the ring's first fill, and without the MUFU.EX2 of the steady loop (what each part of the work costs).
 
 (The file names follow the top rung, ``rungs.TOP.source.name``.) The ``desc`` variant that this script wrote
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
@@ -219,6 +221,32 @@ def nopp(src: str) -> str:
     return _sub(src, last, "", regex=True)
 
 
+def noload(src: str) -> str:
+    """DIAGNOSTIC, wrong results: after the ring's first fill the producer no longer copies K and V, it only
+    arrives on the full barriers (the consumers read stale tiles). Its time is the kernel without the L2 → SMEM
+    traffic of K/V: how much of the gap to FA4 a K/V multicast (issue 13, item 5) could at most close."""
+    for t in ("k", "v"):
+        src = _sub(
+            src,
+            f"                    load_{t}(nb, slot, bh_kv);\n",
+            f"                    if (kv < NUM_STAGES) load_{t}(nb, slot, bh_kv);\n"
+            f"                    else hop::mbar_arrive(&bar_{t}[slot]);\n",
+            1,
+        )
+    return src
+
+
+def noexp(src: str) -> str:
+    """DIAGNOSTIC, wrong results: P = the FFMA's result, no MUFU.EX2 in the steady loop (bf16 path). Its time is
+    the kernel without the exponentials' pipe and latency: what the softmax's MUFU share costs."""
+    return _sub(
+        src,
+        "                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2\n",
+        "                    fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref);  // diagnostic: FFMA only\n",
+        1,
+    )
+
+
 def main(out=".ab"):
     top = rungs.TOP
     src = top.source.read_text()
@@ -233,6 +261,8 @@ def main(out=".ab"):
         ("poly2", poly(2), {"lround.cuh": LROUND_HEADER}),
         ("poly4", poly(4), {"lround.cuh": LROUND_HEADER}),
         ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}),
+        ("noload", noload, {}),
+        ("noexp", noexp, {}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
