@@ -53,6 +53,8 @@ class Rung:
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
             variant changes (tile sizes), e.g. ``{256: {"block_n": 64, "kv_box_rows": 64}}``; see
             ``runtime.launch.feature_variant``.
+        fp16_head_dims: ``head_dims`` entries that the fp16 variant takes instead (e.g. ``{64: {}}``: the rung's
+            own tiles), where its slow path needs registers that the bf16 tiles leave no room for.
         causal_short: ``(max_seqlen_k, fields)``: causal calls of ``head_dim`` with ``seqlen_k <= max_seqlen_k``
             compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
             tile above the diagonal); ``None``: one causal tile for every length.
@@ -78,6 +80,7 @@ class Rung:
     features: tuple = ()
     head_dim: int = HEAD_DIM
     head_dims: dict = field(default_factory=dict)
+    fp16_head_dims: dict = field(default_factory=dict)
     causal_short: tuple | None = None
     l2_promotion: int = 0
 
@@ -375,7 +378,11 @@ RUNGS: tuple[Rung, ...] = (
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
     # Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
-    # than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch.
+    # than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
+    # head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
+    # (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
+    # the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
+    # warpgroups".
     Rung(
         14,
         "lazy_rescale",
@@ -391,7 +398,11 @@ RUNGS: tuple[Rung, ...] = (
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
         persistent=True,
         features=("causal", "gqa", "lse", "strided", "fp16"),
-        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+        head_dims={
+            64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
+            256: {"block_n": 64, "kv_box_rows": 64},
+        },
+        fp16_head_dims={64: {}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
 )

@@ -7,8 +7,8 @@ from ``git archive``) and any ``.cuh`` they include that the package lacks. Each
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``) and ``-D`` macros (``NUM_STAGES``) override the
 rung's own. ``--bshd`` times every implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim
-64`` on that head_dim (the top rung's variant, which keeps the rung's tiles and so a variant's overrides; at 256
-the rung's ``head_dims[256]`` tiles replace them; the error table stays at 128).
+64`` on that head_dim (the top rung's ``head_dims`` variant, with a variant's overrides on top of its tiles;
+the error table stays at 128).
 FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
@@ -67,7 +67,11 @@ def variants(specs, numbers):
             src = d / new.source.name
             if src.exists():
                 extra = {**new.extra_defines, **defines}
-                other = dataclasses.replace(new, name=f"{new.name}_{label}", extra_defines=extra, **fields)
+                # the overrides hold at every head_dim: they also replace those fields of the rung's head_dims
+                dims = {d: {**tiles, **fields} for d, tiles in new.head_dims.items()}
+                other = dataclasses.replace(
+                    new, name=f"{new.name}_{label}", extra_defines=extra, head_dims=dims, **fields
+                )
                 shutil.copyfile(src, other.source)
                 out.append((f"{new.key}-{label}", other))
         out.append((f"{new.key}", new))

@@ -47,6 +47,7 @@ if args == ["features"]:
         for d in top.head_dims:
             if d != 128:
                 one(top, b, h, sq, sk, d=d)
+                one(top, b, h, sq, sk, d=d, causal=True, lse=True)
 elif args == ["fp16"]:
     top, f16 = rungs.RUNGS[-1], torch.float16
     for b, h, sq, sk in SHAPES:

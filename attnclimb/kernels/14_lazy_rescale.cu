@@ -84,10 +84,15 @@ typedef bf16 elem;
 constexpr int NUM_WARPS = NUM_THREADS / 32;
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
+constexpr int CONSUMER_WGS = CONSUMER_WARPS / 4;  // 2 (head_dim 128, 256) or 3 (head_dim 64: 192-row tiles)
 // setmaxnreg targets: 128·24 + 256·240 = 384·168, the CTA's pool. The causal, grouped-query, strided
-// variant's producer (tile order, K/V head and 4-D coordinates) spills at 24: 40 + 232 there. (The plain
-// values come last: attnclimb/figures/facts.py reads the constexpr lines and keeps the last of a name.)
-#if CAUSAL && GQA && STRIDED
+// variant's producer (tile order, K/V head and 4-D coordinates) spills at 24: 40 + 232 there. Three
+// consumer warpgroups (512 threads, head_dim 64) share 512·128: 128·32 + 384·160. (The plain values come
+// last: attnclimb/figures/facts.py reads the constexpr lines and keeps the last of a name.)
+#if NUM_THREADS == 512
+constexpr int PRODUCER_REGS = 32;
+constexpr int CONSUMER_REGS = 160;
+#elif CAUSAL && GQA && STRIDED
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 #else
@@ -118,6 +123,7 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
                   NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
               "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
+static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
 static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
               "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
@@ -314,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // Q stays in shared memory: the wgmmas read it from there, every tile. Consumer warpgroup cw/4
     // issues them for its 64 rows.
-    const int wg = cw / 4;  // consumer warpgroup 0 or 1
+    const int wg = cw / 4;  // consumer warpgroup 0 .. CONSUMER_WGS − 1
     const uint32_t q_rows = smem_addr(s_q) + wg * WARPGROUP_ROWS * ROW_BYTES;
     // The wgmma descriptors of this warpgroup's Q rows and of K and V in ring slot 0, built once; slot s's
     // is slot 0's + (s · KV_TILE_BYTES) >> 4 (wgmma_desc.cuh).
@@ -322,12 +328,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const uint64_t k_desc0 = hop::desc_kmajor_sw128(smem_addr(s_k));
     const uint64_t v_desc0 = hop::desc_mnmajor_sw128(smem_addr(s_v), KV_PANEL);
 
-    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Both warpgroups take part in
-    // each (256 threads): w waits on its own (bar.sync), the other one arrives on it (bar.arrive) once it
-    // has issued its own wgmmas. Warpgroup 1 lets warpgroup 0 go first.
-    const uint32_t my_turn = 1 + wg, other_turn = 2 - wg;
+    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Two warpgroups take part in
+    // each (256 threads): w waits on its own (bar.sync), the one before it in the ring 0, 1(, 2) arrives on
+    // it (bar.arrive) once it has issued its own wgmmas. The last warpgroup lets warpgroup 0 go first.
+    // (`other_turn` is the next warpgroup's barrier; with two, the other one's.)
+    const uint32_t my_turn = 1 + wg, other_turn = CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % CONSUMER_WGS;
     constexpr uint32_t TURN_THREADS = 2 * 128;
-    if (wg == 1) hop::named_bar_arrive(1, TURN_THREADS);
+    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
@@ -572,8 +579,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
         gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-        // Warpgroup 1's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if (wg == 0 || tile_of(work + gridDim.x) < num_tiles) hop::named_bar_arrive(other_turn, TURN_THREADS);
+        // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
+        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
+            hop::named_bar_arrive(other_turn, TURN_THREADS);
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);

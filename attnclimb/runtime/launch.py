@@ -332,7 +332,8 @@ def feature_variant(
     fp16: bool = False,
 ) -> Rung:
     """The compile-time variant of ``rung`` with the given features (``Rung.features``; issues 8 and 9) and
-    ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes),
+    ``head_dim`` (``rung.head_dim`` or a key of ``Rung.head_dims``, whose tile sizes the variant takes; the fp16
+    variant takes ``Rung.fp16_head_dims``' where it has an entry),
     memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself. A causal
     call of ``rung.head_dim`` with ``seqlen_k`` up to ``Rung.causal_short``'s bound takes that entry's tile
     sizes. ``fp16``: fp16 Q, K, V, O (the ``"fp16"`` feature, macro ``FP16``; else bf16). ``ValueError`` when
@@ -362,7 +363,8 @@ def _variant(
     if not any(want.values()) and head_dim == rung.head_dim:
         return rung
     if head_dim != rung.head_dim:
-        rung = dataclasses.replace(rung, head_dim=head_dim, **rung.head_dims[head_dim])
+        tiles = rung.fp16_head_dims.get(head_dim, rung.head_dims[head_dim]) if fp16 else rung.head_dims[head_dim]
+        rung = dataclasses.replace(rung, head_dim=head_dim, **tiles)
     elif short:
         rung = dataclasses.replace(rung, **rung.causal_short[1])
     defines = {
