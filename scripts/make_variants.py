@@ -214,11 +214,12 @@ def _sub(text, old, new, count=None, regex=False):
 
 
 def nopp(src: str) -> str:
-    src = _sub(src, "    if (wg == 1) hop::named_bar_arrive(1, TURN_THREADS);\n", "", 1)
+    src = _sub(src, "    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);\n", "", 1)
     src = _sub(src, r"\n[ \t]*hop::named_bar_sync\(my_turn, TURN_THREADS\);", "", regex=True)
-    src = _sub(src, r"\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);", "", regex=True)
-    last = r"\n[ \t]*if \(wg == 0 \|\| [^\n]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);"
-    return _sub(src, last, "", regex=True)
+    # the last turn's conditional arrival (an `if` over two lines) first, then the unconditional ones
+    last = r"\n[ \t]*if \(\(CONSUMER_WGS == 2 [^\n]*\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);"
+    src = _sub(src, last, "", 1, regex=True)
+    return _sub(src, r"\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);", "", regex=True)
 
 
 def noload(src: str) -> str:

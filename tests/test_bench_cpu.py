@@ -94,11 +94,13 @@ def test_quick_and_parsed_shapes():
         (4096, "features"),
         (8192, "features"),
         (8192, "features"),
+        (8192, "features"),
     ]
-    # one feature column each: causal, GQA, and of the head dims 256 (its own tile sizes; 64 keeps 128's)
-    assert [s.name for s in quick[3:]] == ["fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d256-causal"]
-    assert [s.head_dim for s in quick] == [128] * 5 + [256]
-    assert TOP.head_dims[256] and not TOP.head_dims[64]  # why 256: the variant that changes the tiles
+    # one feature column each: causal, GQA, and the head dims 64 and 256 (each with tile sizes of its own)
+    names = ["fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d64-causal", "fa-8k-d256-causal"]
+    assert [s.name for s in quick[3:]] == names
+    assert [s.head_dim for s in quick] == [128] * 5 + [64, 256]
+    assert TOP.head_dims[256] and TOP.head_dims[64]  # why both: each variant changes the tiles
     assert [s.seqlen_q for s in shapes.default_shapes(quick=True, features=False)] == [4096, 16384, 32760]
     assert shapes.parse_seqlens("1k, 4096,wan,4k") == (1024, 4096, "wan")
     assert shapes.parse_seqlens("wan-cross,WAN14B,wan2.1-14b-720p,wan2.1-1.3b-480p") == ("wan-cross", "wan14b", "wan")

@@ -246,9 +246,9 @@ FEATURE_ALIASES = {
 SHAPE_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in aliases}
 SHAPE_KEYS.update({name: name for name in FEATURE_SHAPES})
 DEFAULT_SEQLENS = (*FA_SEQLENS, *NAMED_SHAPES, *FEATURE_SHAPES)
-# --quick: one column per feature, the GQA and head_dim ones causal too; of the head dims 256, whose variant
-# changes the tile sizes (Rung.head_dims), where 64 keeps head_dim 128's
-QUICK_FEATURES = ("fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d256-causal")
+# --quick: one column per feature, the GQA and head_dim ones causal too; of the head dims, 256 (64-key tiles)
+# and 64 (three consumer warpgroups, 192-row tiles): both change the tiles (Rung.head_dims)
+QUICK_FEATURES = ("fa-4k-causal", "fa-8k-gqa32x8-causal", "fa-8k-d64-causal", "fa-8k-d256-causal")
 QUICK_DEFAULT = (*QUICK_SEQLENS, WAN_KEY, *QUICK_FEATURES)
 
 
