@@ -6,6 +6,7 @@
 #   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 14 against rung 13 and
 #                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
 #                                           rung 14 and FA4, the full bench
+#   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
@@ -57,6 +58,13 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
     bash scripts/device_job.sh ncu "r14 rung14 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    ;;
+  peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
+    cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
+      rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
+      echo "FA4 install failed: the bench runs without it"
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    bash scripts/device_job.sh bench "--rounds 2"
     ;;
   capstone)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
