@@ -58,6 +58,9 @@ class Rung:
         causal_short: ``(max_seqlen_k, fields)``: causal calls of ``head_dim`` with ``seqlen_k <= max_seqlen_k``
             compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
             tile above the diagonal); ``None``: one causal tile for every length.
+        long_kv: ``(min_seqlen_k, fields)``: non-causal calls of ``head_dim`` with ``seqlen_k >= min_seqlen_k``
+            compile with these ``Rung`` fields instead (rung 14: three consumer warpgroups, 192-row tiles and
+            80-key K/V tiles, which win only where a work tile has many K/V tiles); ``None``: one tile for all.
         l2_promotion: the L2 fetch size its TMA tensor maps ask for on a miss, in bytes (0: none, the default;
             64, 128 or 256: ``CU_TENSOR_MAP_L2_PROMOTION_L2_*``, CUDA Driver API ``cuTensorMapEncodeTiled``).
             A launch-side setting (the kernel source is the same); the tensor maps' cache keys hold it.
@@ -83,12 +86,17 @@ class Rung:
     fp16_head_dims: dict = field(default_factory=dict)
     causal_short: tuple | None = None
     l2_promotion: int = 0
+    long_kv: tuple | None = None
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
             raise ValueError(f"smem_layout must be one of {sorted(SMEM_LAYOUTS)}, got {self.smem_layout!r}")
         if self.l2_promotion not in L2_PROMOTIONS:
             raise ValueError(f"l2_promotion must be one of {sorted(L2_PROMOTIONS)} (bytes), got {self.l2_promotion!r}")
+
+    def takes_long_kv(self, seqlen_k: int | None) -> bool:
+        """Whether a non-causal call with ``seqlen_k`` keys takes the ``long_kv`` tiles."""
+        return self.long_kv is not None and seqlen_k is not None and seqlen_k >= self.long_kv[0]
 
     @property
     def key(self) -> str:
@@ -404,6 +412,10 @@ RUNGS: tuple[Rung, ...] = (
         },
         fp16_head_dims={64: {}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+        # non-causal from 24k keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
+        # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32k keys, 0 at 16k, -1 % at 8k,
+        # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
+        long_kv=(24576, {"block_m": 192, "threads": 512, "block_n": 80, "kv_box_rows": 80, "q_box_rows": 192}),
     ),
 )
 

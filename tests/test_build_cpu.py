@@ -193,6 +193,9 @@ FEATURE_COMBOS = [(c, g, w, st) for c in (0, 1) for g in (0, 1) for w in (0, 1) 
 # causal calls up to Rung.causal_short's seqlen_k take its tiles: those variants too
 SHORT_K = rungs.TOP.causal_short[0] if rungs.TOP.causal_short else None
 FEATURE_COMBOS += [(c, g, w, st, SHORT_K) for c, g, w, st in FEATURE_COMBOS if c and SHORT_K]
+# non-causal calls from Rung.long_kv's seqlen_k on take its tiles (three warpgroups): every such variant too
+LONG_K = rungs.TOP.long_kv[0] if rungs.TOP.long_kv else None
+FEATURE_COMBOS += [(0, g, w, st, LONG_K) for g in (0, 1) for w in (0, 1) for st in (0, 1) if LONG_K]
 
 
 def launch_regs(threads: int) -> int:
@@ -219,7 +222,8 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
 
     r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), seqlen_k=seqlen_k)
     if seqlen_k is not None:
-        assert r.block_n == rungs.TOP.causal_short[1]["block_n"]
+        tiles = rungs.TOP.causal_short[1] if causal else rungs.TOP.long_kv[1]
+        assert all(getattr(r, f) == n for f, n in tiles.items())
     c = compile_rung(r, "sm_90a")
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
@@ -354,6 +358,16 @@ def test_feature_variant_refuses_missing_features():
     )
     assert feature_variant(rungs.TOP, True, False, False, seqlen_k=short + 1).block_n == rungs.TOP.block_n
     assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
+    # non-causal from long_kv's bound on: its tiles, one variant for every length, with or without features;
+    # causal calls and other head dims never take them
+    long = rungs.TOP.long_kv[0]
+    plain_long = feature_variant(rungs.TOP, False, False, False, seqlen_k=long)
+    assert plain_long is feature_variant(rungs.TOP, False, False, False, seqlen_k=10 * long)
+    assert (plain_long.threads, plain_long.block_m, plain_long.block_n) == (512, 192, 80)
+    assert feature_variant(rungs.TOP, False, False, False, seqlen_k=long - 1) is rungs.TOP
+    assert feature_variant(rungs.TOP, False, True, True, seqlen_k=long, fp16=True).threads == 512
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=long).threads == rungs.TOP.threads
+    assert feature_variant(rungs.TOP, False, False, False, head_dim=256, seqlen_k=long).block_n == 64
     with pytest.raises(ValueError, match="causal"):
         feature_variant(rungs.get(11), True, False, False)
     with pytest.raises(ValueError, match="fp16"):  # the lower rungs stay bf16-only

@@ -336,8 +336,9 @@ def feature_variant(
     variant takes ``Rung.fp16_head_dims``' where it has an entry),
     memoised so that each variant is compiled and loaded once. All off returns ``rung`` itself. A causal
     call of ``rung.head_dim`` with ``seqlen_k`` up to ``Rung.causal_short``'s bound takes that entry's tile
-    sizes. ``fp16``: fp16 Q, K, V, O (the ``"fp16"`` feature, macro ``FP16``; else bf16). ``ValueError`` when
-    the rung lacks a requested feature or head_dim."""
+    sizes; a non-causal one with ``seqlen_k`` from ``Rung.long_kv``'s bound up takes that entry's. ``fp16``:
+    fp16 Q, K, V, O (the ``"fp16"`` feature, macro ``FP16``; else bf16). ``ValueError`` when the rung lacks a
+    requested feature or head_dim."""
     head_dim = rung.head_dim if head_dim is None else head_dim
     short = bool(
         causal
@@ -346,12 +347,21 @@ def feature_variant(
         and seqlen_k is not None
         and seqlen_k <= rung.causal_short[0]
     )
-    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short, bool(fp16))
+    long = bool(not causal and head_dim == rung.head_dim and rung.takes_long_kv(seqlen_k))
+    return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short, bool(fp16), long)
 
 
 @functools.cache
 def _variant(
-    rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, short: bool, fp16: bool = False
+    rung: Rung,
+    causal: bool,
+    gqa: bool,
+    lse: bool,
+    strided: bool,
+    head_dim: int,
+    short: bool,
+    fp16: bool = False,
+    long: bool = False,
 ) -> Rung:
     want = {"causal": causal, "gqa": gqa, "lse": lse, "strided": strided, "fp16": fp16}
     missing = [f for f, on in want.items() if on and f not in rung.features]
@@ -360,13 +370,15 @@ def _variant(
     if head_dim != rung.head_dim and head_dim not in rung.head_dims:
         dims = sorted({rung.head_dim, *rung.head_dims})
         raise ValueError(f"{rung.key} does not support head_dim {head_dim} (supported: {dims})")
-    if not any(want.values()) and head_dim == rung.head_dim:
+    if not any(want.values()) and head_dim == rung.head_dim and not long:
         return rung
     if head_dim != rung.head_dim:
         tiles = rung.fp16_head_dims.get(head_dim, rung.head_dims[head_dim]) if fp16 else rung.head_dims[head_dim]
         rung = dataclasses.replace(rung, head_dim=head_dim, **tiles)
     elif short:
         rung = dataclasses.replace(rung, **rung.causal_short[1])
+    elif long:
+        rung = dataclasses.replace(rung, **rung.long_kv[1])
     defines = {
         **rung.extra_defines,
         "CAUSAL": int(causal),
@@ -546,7 +558,15 @@ def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
     if not (q.dtype == k.dtype == v.dtype == o.dtype):
         raise ValueError(f"q, k, v, o must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {o.dtype}")
     fp16 = _is_fp16(q)
-    if causal or gqa or lse is not None or strided or head_dim != rung.head_dim or fp16:
+    if (
+        causal
+        or gqa
+        or lse is not None
+        or strided
+        or head_dim != rung.head_dim
+        or fp16
+        or rung.takes_long_kv(k.shape[2])
+    ):
         rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2], fp16)
     if strided:
         _check_strided(q, k, v, o)

@@ -1,0 +1,49 @@
+"""The top rung's long-K/V tiles (``Rung.long_kv``: non-causal calls with many keys take three consumer
+warpgroups, 192-row tiles and 80-key K/V tiles) against float64 on the GPU: ragged query and key counts, GQA,
+the LSE, BSHD views and fp16, with NaN-poisoned outputs (needs a Hopper GPU)."""
+
+import math
+
+import pytest
+import torch
+from test_gpu import TOL
+from test_gpu_features import check_lse
+
+from attnclimb import rungs
+from attnclimb.reference import attention_exact, lse_exact, rel_l2
+from attnclimb.runtime.launch import feature_variant, run_rung
+
+pytestmark = pytest.mark.gpu
+TOP = rungs.TOP
+LONG = TOP.long_kv[0] if TOP.long_kv else None
+
+
+@pytest.mark.skipif(LONG is None, reason="the top rung has no long-K/V tiles")
+@pytest.mark.parametrize(
+    ("b", "h", "h_kv", "sq", "extra_k", "dtype", "strided"),
+    [
+        (1, 2, 2, 300, 0, torch.bfloat16, False),  # seqlen_k exactly at the bound
+        (2, 4, 1, 193, 1001, torch.bfloat16, True),  # MQA, one row past a 192-row tile, BSHD views
+        (1, 6, 3, 1, 79, torch.float16, False),  # one query row, a 1-key last K/V tile
+        (1, 3, 3, 577, 7777, torch.float16, True),
+    ],
+)
+def test_long_kv_tiles_match_float64(b, h, h_kv, sq, extra_k, dtype, strided):
+    sk = LONG + extra_k
+    r = feature_variant(TOP, False, h != h_kv, True, strided, seqlen_k=sk, fp16=dtype == torch.float16)
+    assert r.threads == 512 and r.block_n == TOP.long_kv[1]["block_n"]  # the long tiles are what runs
+    g = torch.Generator(device="cuda").manual_seed(sq + sk)
+    q = torch.randn(b, h, sq, 128, generator=g, device="cuda").to(dtype)
+    k, v = (torch.randn(b, h_kv, sk, 128, generator=g, device="cuda").to(dtype) for _ in range(2))
+    if strided:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    scale = 1 / math.sqrt(128)
+    o = torch.full((b, h, sq, 128), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    run_rung(TOP, q, k, v, o, scale, lse=lse)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    tol = TOL if dtype == torch.bfloat16 else 3e-3
+    assert rel_l2(o, attention_exact(q, k, v, scale)) <= tol
+    kk = k.float().abs().amax(dim=2, keepdim=True).repeat_interleave(h // h_kv, dim=1)
+    check_lse(lse, lse_exact(q, k, scale), scale * (q.float().abs() * kk).sum(-1).double())
