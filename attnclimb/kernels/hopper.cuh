@@ -343,28 +343,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
-// m64n96k16, A and B from shared memory (both K-major), fp32 accumulators: d[12][4] (3-warpgroup tiles of
-// head_dim 128 with 96-key K/V tiles; an A/B of rung 14's page).
-template <int SCALE_A>
-__device__ __forceinline__ void wgmma_m64n96k16_ss(float (&d)[12][4], uint64_t desc_a, uint64_t desc_b,
-                                                   int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %50, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32" HOP_WGMMA_AB
-        "\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47},\n"
-        " %48, %49, p, %51, 1, 0, 0;\n"  // scale-d, scale-a, scale-b, tnspA=0, tnspB=0
-        "}\n"
-        : HOP_ACC8(d, 0), HOP_ACC8(d, 2), HOP_ACC8(d, 4), HOP_ACC8(d, 6), HOP_ACC8(d, 8), HOP_ACC8(d, 10)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
-}
-
-// m64n80k16, A and B from shared memory (both K-major), fp32 accumulators: d[10][4] (3-warpgroup tiles of
-// head_dim 128 with 80-key K/V tiles; an A/B of rung 14's page).
+// m64n80k16, A and B from shared memory (both K-major), fp32 accumulators: d[10][4]: the S of rung 14's
+// long-K/V tiles (three warpgroups, 80-key K/V tiles at head_dim 128; Rung.long_kv).
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n80k16_ss(float (&d)[10][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
@@ -544,8 +524,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, 
         wgmma_m64n64k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
     } else if constexpr (N == 80) {
         wgmma_m64n80k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
-    } else if constexpr (N == 96) {
-        wgmma_m64n96k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
     } else if constexpr (N == 128) {
         wgmma_m64n128k16_ss<SCALE_A>(d, desc_a, desc_b, accumulate);
     } else if constexpr (N == 176) {
