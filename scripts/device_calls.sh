@@ -38,6 +38,13 @@ set -uo pipefail
 : "${ATTNCLIMB_GIT_COMMIT:?set ATTNCLIMB_GIT_COMMIT=<the commit whose tree this call runs>}"
 export ATTNCLIMB_GIT_COMMIT OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
+# The third call's step: .peers/q3 joined to the parts already in /tmp/fa4, the split wheel put back together, all
+# installed into /tmp/site (put on PYTHONPATH with fa4_path). Prints why when it fails; the caller goes on without FA4.
+install_fa4() {
+  cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
+    rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
+    echo "FA4 install failed: $1"
+}
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
@@ -48,9 +55,7 @@ case "${1:-}" in
     bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "13 14"
     ;;
   peers)
-    cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
-      rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
-      echo "FA4 install failed: the A/B and the bench run without it"
+    install_fa4 "the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
     args=(); for v in ${AB_VARIANTS:-}; do
@@ -60,9 +65,7 @@ case "${1:-}" in
     bash scripts/device_job.sh ncu "r14 rung14 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
-    cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
-      rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
-      echo "FA4 install failed: the bench runs without it"
+    install_fa4 "the bench runs without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     bash scripts/device_job.sh bench "--rounds 2"
     ;;
@@ -111,10 +114,8 @@ case "${1:-}" in
     ;;
   diag)
     shift
-    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3; do [ -d $q ] && cp $q/* /tmp/fa4/; done
-    if [ -d .peers/q3 ]; then (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
-      rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
-      echo "FA4 install failed"; fi
+    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2; do [ -d $q ] && cp $q/* /tmp/fa4/; done
+    [ -d .peers/q3 ] && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant noload=.ab/noload --variant noexp=.ab/noexp \
