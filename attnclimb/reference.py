@@ -221,7 +221,13 @@ def _attention_tiled_fp32(
             l_exact = l_exact * alpha + p_sum
             # round_all_p: l sums P as P·V does, each P rounded to p_dtype
             l = l * alpha + (p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True) if round_all_p else p_sum)
-            if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
+            if round_top_p == "thread":  # rung 15: each thread of the quad rounds the P of its own columns' max
+                # (thread t of a quad holds the columns 8j + 2t and 8j + 2t + 1 of the tile)
+                tops = s.reshape(b, h, rows, block_n // 8, 4, 2).amax(dim=(-1, -3))
+                top = _fma32(tops, mul.expand_as(tops), neg_ref.expand_as(tops))
+                top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
+                l = l + (top.to(p_dtype).to(f32) - top).sum(dim=-1, keepdim=True)
+            elif round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
                 top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
                 top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
                 l = l + (top.to(p_dtype).to(f32) - top)
@@ -291,7 +297,11 @@ def attention_tiled(
     row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
     l exactly as in P·V (the LSE still takes the unrounded sum). Rung 14 is ``rescale_threshold=8.0,
     round_top_p=True``; without ``round_top_p`` the model is rung 14 as first landed (its ``nolfix`` A/B
-    variant, ``scripts/make_variants.py``). ``round_all_p`` (with ``kernel_fp32``; the ``lround`` variant) sums
+    variant, ``scripts/make_variants.py``). ``round_top_p="thread"`` rounds, instead, the P of each quad
+    thread's own column max (thread t holds the columns ``8j + 2t`` and ``8j + 2t + 1`` of a tile; ``block_n`` a
+    multiple of 8): four P per row and tile, the row max's among them. Rung 15 is ``rescale_threshold=8.0,
+    round_top_p="thread"`` (its fast path for kept references decides on each thread's own maxima and takes
+    the same references as rung 14). ``round_all_p`` (with ``kernel_fp32``; the ``lround`` variant) sums
     every P into l rounded to ``p_dtype``, exactly the weights P·V uses; the LSE again takes the unrounded sum.
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a
@@ -303,6 +313,10 @@ def attention_tiled(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if round_top_p and round_all_p:
         raise ValueError("round_top_p and round_all_p are two models of l: pass one")
+    if round_top_p not in (False, True, "thread"):
+        raise ValueError(f"round_top_p must be False, True or 'thread', got {round_top_p!r}")
+    if round_top_p == "thread" and block_n % 8:
+        raise ValueError(f"round_top_p='thread' needs block_n a multiple of 8 (n8 column tiles), got {block_n}")
     if kernel_fp32:
         return _attention_tiled_fp32(
             q, k, v, scale, block_m, block_n, return_lse, p_dtype, rescale_threshold, round_top_p, round_all_p

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
-#   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite
-#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 13-14
+#   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
+#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 14-15
 #   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 14 against rung 13 and
 #                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
 #                                           rung 14 and FA4, the full bench
@@ -48,11 +48,11 @@ install_fa4() {
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
-    bash scripts/device_job.sh info test all
+    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-15}"
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "13 14"
+    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "14 15"
     ;;
   peers)
     install_fa4 "the A/B and the bench run without it"

@@ -1,8 +1,8 @@
-"""Write the A/B variants of the top rung that issue 13 measures next, generated from the current source
-so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
+"""Write the A/B variants of issue 13, generated from the current sources so that they never drift from them:
+``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``base/14_lazy_rescale.cu``: the top rung's source as it is, for variants that change only ``Rung`` fields
-  after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
+* ``base/15_kept_reference.cu``: the top rung's source as it is, for variants that change only ``Rung``
+  fields after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
 * ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
   rounds it; rung 14's page), to measure what the fix costs;
 * ``nopp/14_lazy_rescale.cu``: without the ping-pong turns (rung 10's named barriers), now that each
@@ -14,10 +14,13 @@ so that they never drift from it: ``python scripts/make_variants.py [OUT_DIR]`` 
   exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page);
-* ``noload/…`` and ``noexp/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V copies after
-  the ring's first fill, and without the MUFU.EX2 of the steady loop (what each part of the work costs).
+* ``noload/…`` and ``noexp/…``: DIAGNOSTICS of the top rung with wrong results, for timing only: without the
+  K/V copies after the ring's first fill, and without the MUFU.EX2 of the steady loop (what each part of the
+  work costs).
 
-(The file names follow the top rung, ``rungs.TOP.source.name``.) The ``desc`` variant that this script wrote
+``base`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured on rung 14
+and not kept (its page), rewrite rung 14's source (``VARIANTS_OF``) and are timed with ``--rungs 14``. The
+``desc`` variant that this script wrote
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
 generator as it was is at commit 34f912e, which the committed A/B files of ``desc`` name.
 
@@ -242,32 +245,37 @@ def noexp(src: str) -> str:
     the kernel without the exponentials' pipe and latency: what the softmax's MUFU share costs."""
     return _sub(
         src,
-        "                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2\n",
-        "                    fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref);  // diagnostic: FFMA only\n",
+        "                s[j][e] = smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]));"
+        "  // FFMA + MUFU.EX2\n",
+        "                s[j][e] = fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]);  // diagnostic: FFMA only\n",
         1,
     )
 
 
+# The rung whose source the measured (not kept) variants rewrite: they were defined and measured on rung 14 (its
+# page), and stay rung 14's so that their A/Bs can be repeated; `base` and the diagnostics follow the top rung.
+VARIANTS_OF = 14
+
+
 def main(out=".ab"):
-    top = rungs.TOP
-    src = top.source.read_text()
-    for name, fn, extra in (
-        ("base", lambda text: text, {}),
-        ("nolfix", nolfix, {}),
-        ("nopp", nopp, {}),
-        ("tree", tree, {}),
-        ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}),
-        ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}),
-        ("lround", lround, {"lround.cuh": LROUND_HEADER}),
-        ("poly2", poly(2), {"lround.cuh": LROUND_HEADER}),
-        ("poly4", poly(4), {"lround.cuh": LROUND_HEADER}),
-        ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}),
-        ("noload", noload, {}),
-        ("noexp", noexp, {}),
+    top, measured = rungs.TOP, rungs.get(VARIANTS_OF)
+    for name, fn, extra, rung in (
+        ("base", lambda text: text, {}, top),
+        ("nolfix", nolfix, {}, measured),
+        ("nopp", nopp, {}, measured),
+        ("tree", tree, {}, measured),
+        ("sleep", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, measured),
+        ("sleepall", sleepall, {"mbar_sleep.cuh": SLEEP_HEADER}, measured),
+        ("lround", lround, {"lround.cuh": LROUND_HEADER}, measured),
+        ("poly2", poly(2), {"lround.cuh": LROUND_HEADER}, measured),
+        ("poly4", poly(4), {"lround.cuh": LROUND_HEADER}, measured),
+        ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}, measured),
+        ("noload", noload, {}, top),
+        ("noexp", noexp, {}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
-        (d / top.source.name).write_text(fn(src))
+        (d / rung.source.name).write_text(fn(rung.source.read_text()))
         for fname, text in extra.items():
             (d / fname).write_text(text)
         print(f"wrote {d}/")

@@ -2,10 +2,12 @@
 
 Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features | fp16]
 
-``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256); ``fp16``
+``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256, the long-K/V
+tiles on the small shapes); ``fp16``
 its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path).
 """
 
+import dataclasses
 import math
 import sys
 
@@ -48,6 +50,10 @@ if args == ["features"]:
             if d != 128:
                 one(top, b, h, sq, sk, d=d)
                 one(top, b, h, sq, sk, d=d, causal=True, lse=True)
+        if top.long_kv:  # the long-K/V tiles (three consumer warpgroups), forced onto the small shapes
+            long = dataclasses.replace(top, **top.long_kv[1])
+            one(long, b, h, sq, sk)
+            one(long, b, h, sq, sk, lse=True, strided=True, h_kv=h // 2 if h % 2 == 0 else None)
 elif args == ["fp16"]:
     top, f16 = rungs.RUNGS[-1], torch.float16
     for b, h, sq, sk in SHAPES:

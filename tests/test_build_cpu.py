@@ -266,7 +266,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14]  # the rungs that carry the FP16 variant (14 is rungs.TOP)
+FP16_RUNGS = [12, 13, 14, 15]  # the rungs that carry the FP16 variant (15 is rungs.TOP)
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
@@ -461,3 +461,21 @@ def test_rung13_steady_loop_counts_match_its_figure(compiled):
         ops = _steady_loop(sass(compiled[rungs.get(number).key].cubin))
         got = Counter(ops)
         assert {k: got[k] for k in want if k != "total"} | {"total": len(ops)} == want, number
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung15_row_max_reduction_behind_a_vote(compiled):
+    """Rung 15's steady loop (from the wait for S to the wait for P·V): the quad shuffles of the row max come
+    after a VOTE.ALL and a branch (the fast path for kept references skips them), and no MUFU.EX2 precedes
+    that vote; in rung 14's loop the shuffles are unconditional (no VOTE.ALL there)."""
+
+    def window(number):
+        text = sass(compiled[rungs.get(number).key].cubin)
+        start = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+        return text[start : text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", start)]
+
+    w15, w14 = window(15), window(14)
+    vote, shfl = w15.index("VOTE.ALL"), w15.index("SHFL.BFLY")
+    assert vote < shfl and re.search(r"\bBRA\b", w15[vote:shfl])
+    assert "MUFU.EX2" not in w15[:vote]
+    assert "VOTE.ALL" not in w14 and "SHFL.BFLY" in w14

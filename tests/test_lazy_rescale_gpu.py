@@ -1,10 +1,14 @@
-"""Rung 14's lazy rescale on the GPU, tied to its float32 model (needs a Hopper GPU).
+"""Rung 14's lazy rescale (and rung 15's fast path for kept references) on the GPU, tied to their float32
+models (needs a Hopper GPU).
 
 The GPU suite compares every rung with float64 at bf16's tolerance, which cannot tell the lazy rescale from
 the eager one. These tests can: on inputs where the rule decides the result's last bits, rung 14's output
 must follow its model (``attention_tiled(..., kernel_fp32=True, rescale_threshold=8.0, round_top_p=True)``)
 and rung 13's the eager one. They also check the edges of the rule on the kernel: scale 0, a soft row whose
-new max lands in the hard range, and scores rising by just under and over the threshold.
+new max lands in the hard range, and scores rising by just under and over the threshold. Rung 15 takes the
+same references through a fast path that decides on each thread's own column maxima (one vote) and rounds
+each thread's column-max P in l (``round_top_p="thread"``): the edge tests run on both rungs, and rung 15's O
+must follow its own model and be at least as exact as rung 14's.
 """
 
 import math
@@ -18,7 +22,8 @@ from attnclimb import rungs
 from attnclimb.reference import LOG2E, attention_exact, attention_tiled, lse_exact, rel_l2
 
 pytestmark = pytest.mark.gpu
-LAZY, EAGER = rungs.get(14), rungs.get(13)
+LAZY, EAGER, KEPT = rungs.get(14), rungs.get(13), rungs.get(15)
+LAZY_RUNGS = pytest.mark.parametrize("lazy", [LAZY, KEPT], ids=lambda r: r.key)
 
 
 def _dominant_key_inputs(step, seed=1, ties=1):
@@ -70,26 +75,28 @@ def test_rung14_follows_its_model_and_is_as_exact_as_rung13(step):
     assert rel_l2(o14, ref) < 1.1 * rel_l2(o13, ref) and rel_l2(o13, ref) < 4e-3
 
 
+@LAZY_RUNGS
 @pytest.mark.parametrize("step", [4.0, 7.9, 8.5, 16.0])
-def test_rung14_rising_max(step):
+def test_rung14_rising_max(step, lazy):
     """Scores rising tile by tile by ``step`` (the CPU test's _rising_tiles with rung 14's 176-key tiles):
     under the threshold a row keeps its reference and its P reach ~2^step; over it every tile rescales. O and
     the LSE against float64, NaN-poisoned outputs."""
-    q, k, v = (t.cuda() for t in _rising_tiles(step, tiles=6, block_n=LAZY.block_n, seqlen_q=64))
-    o, lse = run_features(q, k, v, scale=1.0, with_lse=True, rung=LAZY)
+    q, k, v = (t.cuda() for t in _rising_tiles(step, tiles=6, block_n=lazy.block_n, seqlen_q=64))
+    o, lse = run_features(q, k, v, scale=1.0, with_lse=True, rung=lazy)
     assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
     want = lse_exact(q, k, 1.0)
     assert lse_rel_err(lse, want) < 1e-5
 
 
-def test_rung14_scale_zero_rescales_on_the_first_tile():
+@LAZY_RUNGS
+def test_rung14_scale_zero_rescales_on_the_first_tile(lazy):
     """Scale 0 (raised to FLT_MIN): c·FLT_MAX ≈ 5.8 <= 8, so with err starting at 0 the lazy rule would keep
     the initial −FLT_MAX "max" as the reference and give every P the same 2^5.77, rounded in bf16 alike (a
     common error of up to 2^-9 in O). Rung 14 starts err at +inf, so the first tile takes its own max and
     every P is 1, as in rung 13: O is the uniform average of V, bit for bit rung 13's, and the LSE ln(seqlen_k)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
-    o, lse = run_features(q, k, v, scale=0.0, with_lse=True, rung=LAZY)
+    o, lse = run_features(q, k, v, scale=0.0, with_lse=True, rung=lazy)
     mean = v.double().mean(dim=2, keepdim=True).expand_as(o)
     assert rel_l2(o, mean) < 5e-3
     assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(300)), rtol=1e-5)
@@ -104,7 +111,8 @@ def test_rung14_scale_zero_rescales_on_the_first_tile():
     assert rel_l2(o.float().cpu(), lazy.bfloat16().float()) < 1e-6
 
 
-def test_rung14_soft_row_into_the_hard_range():
+@LAZY_RUNGS
+def test_rung14_soft_row_into_the_hard_range(lazy):
     """A soft row whose max rises into the hard range by less than 2^8 in P keeps its soft reference (the
     review's case at scale 1: m = 2^29 − 32 has exponent 28, so mul = c and err ≈ −46; the new max 2^29 is a
     hard row's, and (2^29 − m)·c + err ≈ 0 <= 8). The old max's score is built as an exact fp32 sum of bf16
@@ -121,5 +129,34 @@ def test_rung14_soft_row_into_the_hard_range():
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     s = (q.double() @ k.double().transpose(-1, -2))[0, 0, 0]
     assert s[0].item() == 2.0**29 - 32 and s[200].item() == 2.0**29  # the inputs are what the docstring says
-    o = run_features(q.cuda(), k.cuda(), v.cuda(), scale=1.0, rung=LAZY)[0].float().cpu()
+    o = run_features(q.cuda(), k.cuda(), v.cuda(), scale=1.0, rung=lazy)[0].float().cpu()
     assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
+
+
+@pytest.mark.parametrize("ties", [1, 4])
+@pytest.mark.parametrize("step", [2.7, 5.3])
+def test_rung15_follows_its_model_and_is_as_exact_as_rung14(step, ties):
+    """Rung 15 on the dominant-key rows (``ties`` equal copies of the key, which rose ``step`` over a kept
+    reference in tile 1, where the warp takes the fast path): its O is its model's (each thread rounds its own
+    column max's P in l, ``round_top_p="thread"``), not the model without the l fix, and with 4 ties not rung
+    14's either (there the thread model rounds two of the tied P: the models differ by ~1e-3 after bf16). Against
+    float64 it is at least as exact as rung 14 (the models: equal with one key, 1.93e-3 / 2.08e-3 against 2.16e-3
+    / 2.15e-3 with four); the LSE exact."""
+    q, k, v = _dominant_key_inputs(step, ties=ties)
+    kw = {"block_n": KEPT.block_n, "kernel_fp32": True, "rescale_threshold": TAU}
+    thread = attention_tiled(q, k, v, 1.0, round_top_p="thread", **kw).bfloat16().float()
+    tile = attention_tiled(q, k, v, 1.0, round_top_p=True, **kw).bfloat16().float()
+    unfixed = attention_tiled(q, k, v, 1.0, **kw).bfloat16().float()
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    o15, lse15 = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=KEPT)
+    o15 = o15.float().cpu()
+    o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
+    assert rel_l2(o15, thread) < 0.5 * rel_l2(o15, unfixed)
+    if ties > 1:
+        assert rel_l2(thread, tile) > 5e-4  # the inputs separate the two models
+        assert rel_l2(o15, thread) < 0.5 * rel_l2(o15, tile)
+    else:
+        assert torch.equal(thread, tile)  # one dominant key: both models round the same P
+    assert lse_rel_err(lse15, lse_exact(q, k, 1.0)) < 1e-5
+    ref = attention_exact(q, k, v, 1.0)
+    assert rel_l2(o15, ref) < 1.02 * rel_l2(o14, ref)

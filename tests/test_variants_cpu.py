@@ -1,6 +1,6 @@
-"""scripts/make_variants.py: the A/B variants of the top rung are generated from its current source, so a
-change to the rung that the generator no longer recognises fails here (not on the GPU), and each variant
-compiles for sm_90a without spills."""
+"""scripts/make_variants.py: the A/B variants are generated from the current sources (the measured ones from
+rung 14's, ``base`` and the diagnostics from the top rung's), so a change that the generator no longer
+recognises fails here (not on the GPU), and each variant compiles for sm_90a without spills."""
 
 import importlib.util
 import re
@@ -14,6 +14,7 @@ from attnclimb.runtime.launch import feature_variant
 from attnclimb.runtime.sass import find_cuobjdump, sass
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURED = rungs.get(14)  # make_variants.VARIANTS_OF: the rung the measured variants rewrite
 
 
 def _load():
@@ -25,20 +26,20 @@ def _load():
 
 def test_variants_are_generated_and_differ_as_named(tmp_path):
     _load().main(str(tmp_path))
-    top = rungs.TOP.source.read_text()
-    nopp = (tmp_path / "nopp" / rungs.TOP.source.name).read_text()
+    top = MEASURED.source.read_text()
+    nopp = (tmp_path / "nopp" / MEASURED.source.name).read_text()
     assert "named_bar_sync" in top and "named_bar_sync" not in nopp and "named_bar_arrive" not in nopp
     assert not (tmp_path / "desc").exists()  # rung 13 is that variant
-    tree = (tmp_path / "tree" / rungs.TOP.source.name).read_text()
+    tree = (tmp_path / "tree" / MEASURED.source.name).read_text()
     assert "row_sum[e >> 1] += s[j][e]" not in tree and tree.count("ps[e >> 1][j % 4] += s[j][e];") == top.count(
         "row_sum[e >> 1] += s[j][e];"
     )
-    sleep = (tmp_path / "sleep" / rungs.TOP.source.name).read_text()
-    sleepall = (tmp_path / "sleepall" / rungs.TOP.source.name).read_text()
+    sleep = (tmp_path / "sleep" / MEASURED.source.name).read_text()
+    sleepall = (tmp_path / "sleepall" / MEASURED.source.name).read_text()
     assert sleep.count("mbar_wait_sleep(&bar_") == 3 and "hop::mbar_wait(&bar_k[slot]" in sleep  # producer only
     assert "hop::mbar_wait(" not in sleepall and sleepall.count("mbar_wait_sleep(") == top.count("hop::mbar_wait(")
-    assert (tmp_path / "base" / rungs.TOP.source.name).read_text() == top  # for Rung-field-only variants
-    nolfix = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
+    assert (tmp_path / "base" / rungs.TOP.source.name).read_text() == rungs.TOP.source.read_text()  # Rung fields
+    nolfix = (tmp_path / "nolfix" / MEASURED.source.name).read_text()
     assert top.count("if (t == 0) row_sum[r] += p_top_rounded - p_top;") == 1 and "p_top" not in nolfix
 
 
@@ -50,7 +51,7 @@ def test_generator_refuses_a_source_it_does_not_recognise():
 
 def _inlined(d):
     """The variant in folder ``d`` with its own headers inlined (their includes resolve in the kernels)."""
-    src = (d / rungs.TOP.source.name).read_text()
+    src = (d / MEASURED.source.name).read_text()
     for h in d.glob("*.cuh"):
         src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
     return src
@@ -59,7 +60,7 @@ def _inlined(d):
 def test_lround_sums_the_rounded_pairs(tmp_path):
     """lround: no l fix (p_top), l_lse for the LSE, and both softmax loops round their pairs before l sums them."""
     _load().main(str(tmp_path))
-    src = (tmp_path / "lround" / rungs.TOP.source.name).read_text()
+    src = (tmp_path / "lround" / MEASURED.source.name).read_text()
     assert "p_top" not in src and "l_fix" not in src and src.count("l_lse[e >> 1] += s[j][e];") == 2
     assert src.count("round_pair(s[j][0], s[j][1], elem());") == 2 and '#include "lround.cuh"' in src
 
@@ -73,7 +74,7 @@ def test_lround_feature_builds_without_spills(tmp_path, name, causal, gqa, lse, 
     """The feature builds where a first version of lround spilled (fp16 with causal, review), and two others:
     the variants must compile without spills wherever the top rung does."""
     _load().main(str(tmp_path))
-    r = feature_variant(rungs.TOP, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, None, bool(fp16))
+    r = feature_variant(MEASURED, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, None, bool(fp16))
     c = compile_source(r, _inlined(tmp_path / name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
@@ -83,7 +84,7 @@ def test_lround_feature_builds_without_spills(tmp_path, name, causal, gqa, lse, 
 @pytest.mark.parametrize("name", ["nopp", "tree", "sleep", "sleepall", "nolfix", "lround", "poly2", "poly4", "poly8"])
 def test_variants_compile_without_spills(tmp_path, name):
     _load().main(str(tmp_path))
-    c = compile_source(rungs.TOP, _inlined(tmp_path / name))
+    c = compile_source(MEASURED, _inlined(tmp_path / name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     assert "C7513" not in c.log, c.log  # "wgmma.mma_async instructions are serialized"
@@ -96,9 +97,9 @@ def test_l_fix_costs_one_ex2_per_row_and_tile(tmp_path):
     """Rung 14's l fix computes each row's tile-max P once more (2 rows per thread): 2 more MUFU.EX2 in the
     steady loop and 2 in the peeled first tile than the nolfix variant (rung 14 as first landed), bf16 build."""
     _load().main(str(tmp_path))
-    src = (tmp_path / "nolfix" / rungs.TOP.source.name).read_text()
-    top = sass(compile_source(rungs.TOP, rungs.TOP.source.read_text()).cubin).count("MUFU.EX2")
-    assert sass(compile_source(rungs.TOP, src).cubin).count("MUFU.EX2") == top - 4
+    src = (tmp_path / "nolfix" / MEASURED.source.name).read_text()
+    top = sass(compile_source(MEASURED, MEASURED.source.read_text()).cubin).count("MUFU.EX2")
+    assert sass(compile_source(MEASURED, src).cubin).count("MUFU.EX2") == top - 4
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
@@ -108,7 +109,17 @@ def test_poly_variants_move_exponentials_off_mufu(tmp_path, every, blocks):
     block and thread fewer MUFU.EX2 in each copy of the softmax (the peeled first tile and the loop; the
     fp16 slow path is not in the bf16 build) than lround, which they are built on, and no new MUFU of any kind."""
     _load().main(str(tmp_path))
-    top, var = (sass(compile_source(rungs.TOP, _inlined(tmp_path / n)).cubin) for n in ("lround", f"poly{every}"))
+    top, var = (sass(compile_source(MEASURED, _inlined(tmp_path / n)).cubin) for n in ("lround", f"poly{every}"))
     fewer = top.count("MUFU.EX2") - var.count("MUFU.EX2")
     assert fewer > 0 and fewer % (4 * blocks) == 0, fewer
     assert var.count("MUFU") == top.count("MUFU") - fewer
+
+
+def test_diagnostics_rewrite_the_top_rung(tmp_path):
+    """noload and noexp are timing diagnostics of the top rung: its file name, one rewrite each."""
+    _load().main(str(tmp_path))
+    top = rungs.TOP.source.read_text()
+    noexp = (tmp_path / "noexp" / rungs.TOP.source.name).read_text()
+    noload = (tmp_path / "noload" / rungs.TOP.source.name).read_text()
+    assert noexp != top and "diagnostic: FFMA only" in noexp
+    assert noload != top and noload.count("if (kv < NUM_STAGES) load_") == 2

@@ -1,5 +1,6 @@
-"""Figures of rungs 10-14: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
-wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale."""
+"""Figures of rungs 10-15: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale, the fast path for kept
+references."""
 
 from __future__ import annotations
 
@@ -1302,6 +1303,107 @@ def rung14_rescales(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 15
+
+FAST_SEQLENS = (1024, 4096, 16384, 32760, 75600)  # the bench's self-attention lengths
+
+
+def _fast_path_shares():
+    """Per seqlen_k in FAST_SEQLENS: the share of (16-row warp, K/V tile) pairs that take rung 15's fast path
+    (every row of the warp keeps its reference: the lazy rule of rung 14 keeps it; a row's first tile never
+    does), for LAZY_ROWS rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128), 176-key tiles; the float32
+    model, attnclimb.reference), and the number of K/V tiles per row."""
+    import math
+
+    import torch
+
+    from .. import reference as ref
+
+    g = torch.Generator().manual_seed(LAZY_SEED)
+    q = torch.randn(LAZY_ROWS, 128, generator=g).bfloat16().double()
+    k = torch.randn(max(FAST_SEQLENS), 128, generator=g).bfloat16().double()
+    s_all = (q @ k.T).float()
+    c = torch.tensor(ref.LOG2E / math.sqrt(128), dtype=torch.float32)
+    block_n = rungs.get(15).block_n
+    out = {}
+    for sk in FAST_SEQLENS:
+        m, err = torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.full((LAZY_ROWS, 1), math.inf)
+        fast, tiles = 0.0, 0
+        for n0 in range(0, sk, block_n):
+            tile = s_all[:, n0 : min(n0 + block_n, sk)].amax(-1, keepdim=True)
+            m_new = ref.lazy_max_fp32(m, err, torch.maximum(m, tile), c, ref.RESCALE_THRESHOLD)
+            kept = m_new == m  # the reference stands: every score is within the row's limit
+            fast += kept.view(-1, 16).all(-1).float().mean().item() if n0 else 0.0
+            _, _, _, err = ref.online_rescale_fp32(m, err, m_new, c)
+            m, tiles = m_new, tiles + 1
+        out[sk] = (fast / tiles, tiles)
+    return out
+
+
+def rung15_fastpath(path):
+    import matplotlib.pyplot as plt
+
+    shares = _fast_path_shares()
+    fig, ax = plt.subplots(figsize=(8.6, 3.2))
+    xs = range(len(FAST_SEQLENS))
+    vals = [shares[sk][0] for sk in FAST_SEQLENS]
+    ax.bar(xs, vals, 0.55, color=tint(GREEN, 0.35), edgecolor=GREEN)
+    for x, sk in zip(xs, FAST_SEQLENS):
+        share, tiles = shares[sk]
+        ax.text(x, share + 0.02, f"{share:.0%}\n({tiles} tiles)", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs), [f"{sk:,}".replace(",", " ") for sk in FAST_SEQLENS], fontsize=7.5)
+    ax.set_xlabel("seqlen_k (K/V tiles of 176 keys per row in brackets)", fontsize=8)
+    ax.set_ylabel("share of (warp, K/V tile)", fontsize=8)
+    ax.set_ylim(0, 1.2)
+    ax.set_title(
+        "Warps whose 16 rows all keep their reference take the fast path (no quad max, no new reference):\n"
+        f"{LAZY_ROWS} rows of randn Q·Kᵀ, head_dim 128; a row's first tile always takes the full path "
+        "(the float32 model of the kernels)",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+# The dependency chain from S (the wait for the S wgmmas) to the first exponential of a score, per consumer thread
+# and K/V tile, in rung 14's steady loop and on rung 15's fast path (NVRTC 13.0, sm_90a SASS of the plain
+# kernels; tests/test_build_cpu.py checks the shuffles and the vote).
+PATH_STEPS = {
+    14: [
+        ("own columns' max", "88 FMNMX, two chains"),
+        ("quad max", "2 x 2 SHFL.BFLY + FMNMX"),
+        ("lazy test, new mul, R", "FADD, FFMA, FSETP, FSEL,\nLOP3, VIADDMNMX, FMUL.RP"),
+        ("exponentials", "88 x (FFMA + MUFU.EX2)"),
+    ],
+    15: [
+        ("own columns' max", "88 FMNMX, two chains"),
+        ("limit test", "2 FSETP, VOTE.ALL, BRA"),
+        ("exponentials", "88 x (FFMA + MUFU.EX2)"),
+    ],
+}
+
+
+def rung15_path(path):
+    fig, ax = new_figure(8.6, 3.0)
+    widths = {"own columns' max": 2.0, "quad max": 1.7, "lazy test, new mul, R": 2.0, "limit test": 1.5}
+    for yi, (n, steps) in enumerate(PATH_STEPS.items()):
+        y = 1.95 - 1.25 * yi
+        label(ax, 0.1, y + 0.45, f"rung {n}" + (" (every tile)" if n == 14 else " (fast path)"), size=8, ha="left")
+        x = 0.1
+        for name, what in steps:
+            w = widths.get(name, 2.2)
+            colour = SKY if name == "own columns' max" else YELLOW if name == "exponentials" else VERMILLION
+            if n == 15 and name == "limit test":
+                colour = GREEN
+            box(ax, x, y - 0.35, w, 0.7, f"{name}\n{what}", fc=tint(colour, 0.3), fontsize=6.8)
+            if name != "exponentials":
+                arrow(ax, x + w, y, x + w + 0.2, y)
+            x += w + 0.2
+    title(ax, 0.1, 2.95, "From S to the first exponential, per consumer thread and K/V tile", size=9)
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1371,5 +1473,19 @@ FIGURES = [
         rung14_rescales,
         "The share of warps that rescale O at each K/V tile, rung 13 against rung 14, on random inputs (the "
         "float32 model of the kernels).",
+    ),
+    (
+        15,
+        "path",
+        rung15_path,
+        "From S to the first exponential: rung 14 reduces each row's max over the quad and recomputes its "
+        "reference on every tile; rung 15's fast path tests the thread's own maxima against the kept limit.",
+    ),
+    (
+        15,
+        "fastpath",
+        rung15_fastpath,
+        "The share of warp-tiles that take rung 15's fast path, by seqlen_k, on random inputs (the float32 model "
+        "of the kernels).",
     ),
 ]
