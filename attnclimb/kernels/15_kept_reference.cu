@@ -368,8 +368,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
     // Tile nb's masking and online softmax, in place on s (S -> P, fp32); alpha: the rescale factor of O.
-    // Returns whether any row of the warp has alpha != 1 (warp-uniform).
-    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2]) -> bool {
+    // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
+    // tile (a constant at each call), which never keeps a reference: no vote.
+    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2], bool first) -> bool {
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
@@ -410,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // never passes (its limit is −inf and key 0 is in it). Otherwise rung 14's path, warp-uniformly.
         bool rescale = false;
         alpha[0] = alpha[1] = 1.f;
-        if (!__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
+        if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
             // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
             // max did not change. See softmax.cuh for why P, l and alpha must share R, and for huge |max·c|.
 #pragma unroll
@@ -540,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_END(S);
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            softmax_tile(0, m_start, alpha);
+            softmax_tile(0, m_start, alpha, true);
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
@@ -579,7 +580,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            const bool rescale = softmax_tile(nb * BLOCK_N, m_start, alpha);  // under P_{nb-1}·V_{nb-1}
+            const bool rescale =
+                softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
             TRACE_END(SOFTMAX);
             // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
             hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
