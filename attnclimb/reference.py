@@ -162,6 +162,21 @@ def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
     return torch.where(keep, m_old, m_new)
 
 
+def kept_limit_fp32(m, err, c, threshold=RESCALE_THRESHOLD):
+    """Float32 mirror of rung 15's per-row score limit (``15_kept_reference.cu``): the largest float32 score s
+    whose P against the kept reference, ``2^((s − m)·c + err)``, the kernel lets through its fast path,
+    ``fma.rm(threshold − err, 1/c, m)``: ``m + (threshold − err)/c`` rounded down, with ``threshold − err`` and
+    ``1/c`` float32 operations (``m``, ``err``: float32 tensors as :func:`online_rescale_fp32` leaves them,
+    ``c``: the float32 ``scale·log2 e``). Rounded to nearest instead, a score at the limit could pass the bound
+    by half a grid step of s (``tests/test_lazy_rescale_cpu.py``)."""
+    f32 = torch.float32
+    t = torch.tensor(threshold, dtype=f32) - err
+    inv = torch.tensor(1.0, dtype=f32) / c
+    exact = t.double() * inv.double() + m.double()  # the product is exact in float64; the sum rounds once
+    y = exact.float()
+    return torch.where(y.double() > exact, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
+
+
 F16_MAX = 65504.0
 
 

@@ -277,3 +277,46 @@ def test_tied_maxima_need_every_p_rounded(step, ties):
     all_fix, lse = attention_tiled(q, k, v, 1.0, round_all_p=True, return_lse=True, **kw)
     assert top_fix > 3e-4 and rel_l2(all_fix, ref) < min(1e-4, top_fix / 10)
     assert torch.equal(lse, attention_tiled(q, k, v, 1.0, return_lse=True, **kw)[1])
+
+
+def _kept_rows(scale, shift, seed=5, n=20000):
+    """Rows that just took a new reference (rung 15's slow path): their float32 max m, err (``shift``: the fp16
+    variant's err − k) and c, with |m·c| spread over 2^-10 .. 2^31 (soft rows and hard ones), both signs."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.tensor(scale * LOG2E, dtype=torch.float32)
+    mc = torch.exp2(torch.rand(n, 1, generator=g, dtype=torch.float64) * 41 - 10)
+    sign = torch.where(torch.rand(n, 1, generator=g) < 0.5, -1.0, 1.0).double()
+    m = (sign * mc / c.double()).float()
+    init = torch.full_like(m, _reference.ROW_MAX_INIT)
+    out = _reference.online_rescale_fp32(init, torch.full_like(m, math.inf), m, c, shift=shift)
+    mul, err = out[1], out[-2 if shift else -1]
+    return m, err, c, mul
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 1 / math.sqrt(128), 1e-3])
+def test_kept_limit_bounds_p(scale, shift):
+    """Rung 15's fast path lets a score s through while s <= the row's limit (``kept_limit_fp32``, the kernel's
+    fma.rm): the largest such score has P = 2^((s − m)·c + err) <= 2^(8 + 1e-5) in exact arithmetic, on soft rows
+    of every magnitude (where one float32 step of s is up to 64 units of s·c) and in the fp16 variant; on hard
+    rows the limit is m itself. The same limit rounded to nearest lets P reach 2^31 (bf16 rows, err down to −64;
+    2^11.5 in the fp16 variant, whose err is above −1)."""
+    m, err, c, mul = _kept_rows(scale, shift)
+    limit = _reference.kept_limit_fp32(m, err, c)
+    exponent = (limit.double() - m.double()) * c.double() + err.double()
+    assert exponent.max().item() <= TAU + 1e-5
+    hard = mul != c
+    assert hard.any() and torch.equal(limit[hard], m[hard])
+    # the next float32 score fails the fast path: the limit is not needlessly low on soft rows of moderate size
+    soft = (~hard) & (m.double().abs() * c.double() < 2.0**20)
+    nxt = torch.nextafter(limit, torch.full_like(limit, math.inf))
+    assert (((nxt.double() - m.double()) * c.double() + err.double())[soft] > TAU - 1e-3).all()
+    nearest = ((torch.tensor(TAU) - err).double() * (1 / c).double() + m.double()).float()
+    assert ((nearest.double() - m.double()) * c.double() + err.double()).max().item() > TAU + (2 if shift else 16)
+
+
+def test_kernel_rounds_the_limit_down():
+    """The kernel computes the limit as the model does: fma rounded down, on the slow path's new reference."""
+    src = rungs.get(15).source.read_text()
+    assert "row_limit[r] = __fmaf_rd(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);" in src
+    assert "inv_scale_log2 = 1.f / scale_log2" in src

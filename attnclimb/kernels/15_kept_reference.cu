@@ -432,10 +432,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #if FP16
                 row_shift[r] = rs.shift;
 #endif
-                // s <= m + (threshold − err)/c: within an ulp or two of the exact bound, so P <= 2^(8 +
-                // 1e-6); on hard rows (err = 0, ulp(m) >= 32/c) it rounds to m itself, as the test above
-                // decides.
-                row_limit[r] = fmaf(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);
+                // s <= m + (threshold − err)/c, rounded DOWN (fma.rm): scores are fp32 numbers on the same
+                // grid, and near |m·c| ~ 2^29 one grid step is up to 64 units of s·c, so a limit rounded to
+                // nearest could let a score half a step past the bound through (P up to 2^31 in the model).
+                // Rounded down, a passing score is within the bound but for 1/c's own rounding: P <= 2^(8 +
+                // 1e-6). On hard rows (err = 0, ulp(m) >= 32/c) it is m itself, the test above's decision
+                // (reference.kept_limit_fp32).
+                row_limit[r] = __fmaf_rd(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);
                 row_sum[r] *= alpha[r];
 #if WRITE_LSE
                 l_fix[r] *= alpha[r];
