@@ -3,8 +3,8 @@
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 14-15
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 14 against rung 13 and
-#                                           make_variants.py's variants of rung 14, with FA4 in the same run, ncu of
+#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 15 against rung 14 and
+#                                           make_variants.py's variants, with FA4 in the same run, ncu of
 #                                           rung 14 and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
@@ -22,8 +22,8 @@
 #                                           smx::poly_exp2) and `sleep` (FA4's producer wait), head_dim 128 and 64 (lround,
 #                                           poly4, poly8); predictions on rung 14's page
 #   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1, q2, q3 in turn: stages that FA4 part; FA4 is
-#                                           timed once q3 is in) the diagnostics noload / noexp (make_variants.py,
-#                                           wrong results, timing only) against rung 14, cuDNN (and FA4) with the SM
+#                                           timed once q3 is in) the diagnostics noload / noexp / nomax (make_variants.py,
+#                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
@@ -60,9 +60,9 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
     args=(); for v in ${AB_VARIANTS:-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 "${args[@]}" --rounds 3 \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14,15 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
-    bash scripts/device_job.sh ncu "r14 rung14 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    bash scripts/device_job.sh ncu "r15 rung15 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
     install_fa4 "the bench runs without it"
@@ -77,9 +77,9 @@ case "${1:-}" in
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 4 --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --rounds 4 --no-errors \
       --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -8
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --rounds 6 --no-errors --bshd \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --rounds 6 --no-errors --bshd \
       --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
     ;;
   ab-d64)
@@ -88,7 +88,7 @@ case "${1:-}" in
     b=.ab/base; vs=(--variant "n192=$b@block_n=192,kv_box_rows=192" --variant "s3=$b@NUM_STAGES=3"
       --variant "n192s3=$b@block_n=192,kv_box_rows=192,NUM_STAGES=3" --variant "n128s3=$b@block_n=128,kv_box_rows=128,NUM_STAGES=3")
     for c in "" --causal; do
-      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
     done
     ;;
@@ -96,10 +96,10 @@ case "${1:-}" in
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     b=.ab/base; L=block_n=128,kv_box_rows=128
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant "b128s2=$b@$L,NUM_STAGES=2" \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 --variant "b128s2=$b@$L,NUM_STAGES=2" \
       --variant "b128s3=$b@$L,NUM_STAGES=3" --rounds 4 --no-errors \
       --shapes 16x16x1024,8x16x2048,1x40x75600x512,16x40x1024x512 --out "$OUT/ab_short.json" 2>&1 | tail -6
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 13,14 --causal --rounds 3 --no-errors \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14,15 --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
   ab-exp2)   # (no carry, ~4 min; FA4 too if `peers` installed it) issue 13 item 6 and issue 8's head_dim 64
@@ -118,7 +118,8 @@ case "${1:-}" in
     [ -d .peers/q3 ] && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 --variant noload=.ab/noload --variant noexp=.ab/noexp \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 --variant noload=.ab/noload --variant noexp=.ab/noexp \
+      --variant nomax=.ab/nomax \
       --rounds 3 --no-errors --clocks --out "$OUT/diag$(date +%H%M%S).json" "$@" 2>&1 | tail -12
     ;;
   bshd)      # (no carry, ~2 min) issue 9's view/contiguous ratio with 6 interleaved rounds (one bench has 2-3)

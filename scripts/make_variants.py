@@ -14,9 +14,9 @@
   exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page);
-* ``noload/…`` and ``noexp/…``: DIAGNOSTICS of the top rung with wrong results, for timing only: without the
-  K/V copies after the ring's first fill, and without the MUFU.EX2 of the steady loop (what each part of the
-  work costs).
+* ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
+  without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
+  row-max chain in front of the exponentials (what each part of the work costs).
 
 ``base`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured on rung 14
 and not kept (its page), rewrite rung 14's source (``VARIANTS_OF``) and are timed with ``--rungs 14``. The
@@ -257,6 +257,21 @@ def noexp(src: str) -> str:
 VARIANTS_OF = 14
 
 
+def nomax(src: str) -> str:
+    """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
+    one n8 column tile instead of all of them (the fast path's test and the l fix see that column only). Its
+    time is the kernel without the max chain in front of the exponentials: what computing the exponentials
+    against the kept reference before the max (and checking after) could at most gain."""
+    return _sub(
+        src,
+        "        for (int j = 0; j < S_TILES; ++j) {\n"
+        "            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));\n",
+        "        for (int j = 0; j < (first ? S_TILES : 1); ++j) {  // diagnostic: one column tile\n"
+        "            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));\n",
+        1,
+    )
+
+
 def main(out=".ab"):
     top, measured = rungs.TOP, rungs.get(VARIANTS_OF)
     for name, fn, extra, rung in (
@@ -272,6 +287,7 @@ def main(out=".ab"):
         ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}, measured),
         ("noload", noload, {}, top),
         ("noexp", noexp, {}, top),
+        ("nomax", nomax, {}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

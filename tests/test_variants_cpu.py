@@ -116,10 +116,20 @@ def test_poly_variants_move_exponentials_off_mufu(tmp_path, every, blocks):
 
 
 def test_diagnostics_rewrite_the_top_rung(tmp_path):
-    """noload and noexp are timing diagnostics of the top rung: its file name, one rewrite each."""
+    """noload, noexp and nomax are timing diagnostics of the top rung: its file name, one rewrite each."""
     _load().main(str(tmp_path))
     top = rungs.TOP.source.read_text()
     noexp = (tmp_path / "noexp" / rungs.TOP.source.name).read_text()
     noload = (tmp_path / "noload" / rungs.TOP.source.name).read_text()
     assert noexp != top and "diagnostic: FFMA only" in noexp
     assert noload != top and noload.count("if (kv < NUM_STAGES) load_") == 2
+    nomax = (tmp_path / "nomax" / rungs.TOP.source.name).read_text()
+    assert nomax != top and "(first ? S_TILES : 1)" in nomax
+
+
+@pytest.mark.parametrize("name", ["noload", "noexp", "nomax"])
+def test_diagnostics_compile_without_spills(tmp_path, name):
+    _load().main(str(tmp_path))
+    c = compile_source(rungs.TOP, (tmp_path / name / rungs.TOP.source.name).read_text())
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
