@@ -197,11 +197,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // equal pairs, except where an odd nmb makes a pair straddle two heads), when there are enough tiles
     // for every CTA to get a pair.
     const int bh_count = num_tiles / num_m_blocks;
-    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
-#if GQA
-    kv_bytes /= kv_group;  // query heads of one group share them
-#endif
+    const long long kv_bytes =
+        2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
+#if GQA  // query heads of one group share them: kv_bytes / kv_group > L2 (floored), without a 64-bit division
+    const bool by_pairs = kv_bytes >= (CAUSAL_L2_BYTES + 1) * kv_group && num_tiles >= 2 * (int)gridDim.x;
+#else
     const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
+#endif
     auto tile_of = [&](int work) {
         const int wave = work / gridDim.x, c = work % gridDim.x;
         if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
@@ -406,9 +408,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
             tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
         }
-        // Every row of the warp keeps its reference when each thread's columns stay within the row's limit (a
-        // NaN fails the test): then alpha = 1 and the kept mul, R and shift stand; the first tile of a row
-        // never passes (its limit is −inf and key 0 is in it). Otherwise rung 14's path, warp-uniformly.
+        // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
+        // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
+        // the test; their P is NaN on either path, as in rung 14.) A work tile's first tile does not vote: it
+        // has no reference yet (its limit is −inf). Otherwise rung 14's path, warp-uniformly.
         bool rescale = false;
         alpha[0] = alpha[1] = 1.f;
         if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
