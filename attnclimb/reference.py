@@ -262,7 +262,7 @@ LN2_F32 = torch.tensor(math.log(2.0), dtype=torch.float32)
 
 
 def kernel_lse_fp32(m, l, scale, c, shift=False):
-    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``14_lazy_rescale.cu``, as in 12, 13).
+    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``15_kept_reference.cu``, as in 12-14).
 
     ``m``: the rows' final running max of raw scores, ``l``: their row sums of P (float32 tensors),
     ``scale``: the float32 scale (``> 0``, after the kernels' negation and FLT_MIN clamp), ``c = scale·log2 e``.
