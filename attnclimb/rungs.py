@@ -98,6 +98,10 @@ class Rung:
         """Whether a non-causal call with ``seqlen_k`` keys takes the ``long_kv`` tiles."""
         return self.long_kv is not None and seqlen_k is not None and seqlen_k >= self.long_kv[0]
 
+    def takes_causal_short(self, seqlen_k: int | None) -> bool:
+        """Whether a causal call with ``seqlen_k`` keys takes the ``causal_short`` tiles."""
+        return self.causal_short is not None and seqlen_k is not None and seqlen_k <= self.causal_short[0]
+
     @property
     def key(self) -> str:
         return f"rung{self.number:02d}"

@@ -353,6 +353,8 @@ def test_feature_variant_refuses_missing_features():
     assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
     # every short causal length maps to one variant (compiled and loaded once), long ones to the default tiles
     short = rungs.TOP.causal_short[0]
+    assert rungs.TOP.takes_causal_short(short) and not rungs.TOP.takes_causal_short(short + 1)
+    assert not rungs.TOP.takes_causal_short(None) and not rungs.get(11).takes_causal_short(1)
     assert feature_variant(rungs.TOP, True, False, False, seqlen_k=1) is feature_variant(
         rungs.TOP, True, False, False, seqlen_k=short
     )

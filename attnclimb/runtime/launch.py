@@ -340,13 +340,7 @@ def feature_variant(
     fp16 Q, K, V, O (the ``"fp16"`` feature, macro ``FP16``; else bf16). ``ValueError`` when the rung lacks a
     requested feature or head_dim."""
     head_dim = rung.head_dim if head_dim is None else head_dim
-    short = bool(
-        causal
-        and head_dim == rung.head_dim
-        and rung.causal_short is not None
-        and seqlen_k is not None
-        and seqlen_k <= rung.causal_short[0]
-    )
+    short = bool(causal and head_dim == rung.head_dim and rung.takes_causal_short(seqlen_k))
     long = bool(not causal and head_dim == rung.head_dim and rung.takes_long_kv(seqlen_k))
     return _variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, short, bool(fp16), long)
 
