@@ -8,7 +8,7 @@ files hold device code only. See ``docs/kernel-abi.md`` for the contract between
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -179,6 +179,40 @@ SMEM_LAYOUTS = {
     # rungs 5+: the same behind 1 KB of alignment slack
     "tma_ring": tma_smem_bytes,
 }
+
+
+# Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
+# than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
+# head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
+# (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
+# the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
+# warpgroups".
+_LAZY_RESCALE = Rung(
+    14,
+    "lazy_rescale",
+    "a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
+    "tma",
+    block_m=128,
+    block_n=176,
+    threads=384,
+    smem_layout="tma_ring",
+    extra_defines={"NUM_STAGES": 2},
+    q_box_rows=128,
+    kv_box_rows=176,
+    sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
+    persistent=True,
+    features=("causal", "gqa", "lse", "strided", "fp16"),
+    head_dims={
+        64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
+        256: {"block_n": 64, "kv_box_rows": 64},
+    },
+    fp16_head_dims={64: {}},
+    causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+    # non-causal from 32 000 keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
+    # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32 760 keys, 0 at 16k, -1 % at 8k,
+    # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
+    long_kv=(32000, {"block_m": 192, "threads": 512, "block_n": 80, "kv_box_rows": 80, "q_box_rows": 192}),
+)
 
 
 RUNGS: tuple[Rung, ...] = (
@@ -389,65 +423,16 @@ RUNGS: tuple[Rung, ...] = (
         head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
         causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     ),
-    # Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
-    # than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
-    # head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
-    # (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
-    # the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
-    # warpgroups".
-    Rung(
-        14,
-        "lazy_rescale",
-        "a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
-        "tma",
-        block_m=128,
-        block_n=176,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=176,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
-        persistent=True,
-        features=("causal", "gqa", "lse", "strided", "fp16"),
-        head_dims={
-            64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
-            256: {"block_n": 64, "kv_box_rows": 64},
-        },
-        fp16_head_dims={64: {}},
-        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
-        # non-causal from 32 000 keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
-        # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32 760 keys, 0 at 16k, -1 % at 8k,
-        # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
-        long_kv=(32000, {"block_m": 192, "threads": 512, "block_n": 80, "kv_box_rows": 80, "q_box_rows": 192}),
-    ),
+    _LAZY_RESCALE,
     # Rung 14's kernel with a fast path for kept references (thread-local maxima against a per-row score limit, one
-    # vote): the same tiles, features, head dims, causal and long-K/V tiles.
-    Rung(
-        15,
-        "kept_reference",
-        "a warp whose rows all keep their reference skips the row-max reduction: own-column maxima against a limit",
-        "tma",
-        block_m=128,
-        block_n=176,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=176,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
-        persistent=True,
-        features=("causal", "gqa", "lse", "strided", "fp16"),
-        head_dims={
-            64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
-            256: {"block_n": 64, "kv_box_rows": 64},
-        },
-        fp16_head_dims={64: {}},
-        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
-        # non-causal from 32 000 keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
-        # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32 760 keys, 0 at 16k, -1 % at 8k,
-        # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
-        long_kv=(32000, {"block_m": 192, "threads": 512, "block_n": 80, "kv_box_rows": 80, "q_box_rows": 192}),
+    # vote): rung 14's launch in every respect (tiles, features, head dims, causal and long-K/V tiles).
+    replace(
+        _LAZY_RESCALE,
+        number=15,
+        name="kept_reference",
+        idea=(
+            "a warp whose rows all keep their reference skips the row-max reduction: own-column maxima against a limit"
+        ),
     ),
 )
 
