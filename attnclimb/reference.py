@@ -236,16 +236,15 @@ def _attention_tiled_fp32(
             l_exact = l_exact * alpha + p_sum
             # round_all_p: l sums P as P·V does, each P rounded to p_dtype
             l = l * alpha + (p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True) if round_all_p else p_sum)
-            if round_top_p == "thread":  # rung 15: each thread of the quad rounds the P of its own columns' max
-                # (thread t of a quad holds the columns 8j + 2t and 8j + 2t + 1 of the tile)
-                tops = s.reshape(b, h, rows, block_n // 8, 4, 2).amax(dim=(-1, -3))
+            if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
+                if round_top_p == "thread":  # rung 15: each thread of the quad rounds its own columns' max's P
+                    # (thread t of a quad holds the columns 8j + 2t and 8j + 2t + 1 of the tile)
+                    tops = s.reshape(b, h, rows, block_n // 8, 4, 2).amax(dim=(-1, -3))
+                else:
+                    tops = s.amax(dim=-1, keepdim=True)
                 top = _fma32(tops, mul.expand_as(tops), neg_ref.expand_as(tops))
                 top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
                 l = l + (top.to(p_dtype).to(f32) - top).sum(dim=-1, keepdim=True)
-            elif round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
-                top = _fma32(s.amax(dim=-1, keepdim=True), mul, neg_ref)
-                top = torch.exp2(top - shift) if fp16 else torch.exp2(top)
-                l = l + (top.to(p_dtype).to(f32) - top)
             pv = torch.matmul(p.to(p_dtype).to(torch.float64), vt).to(f32)
             acc = acc * alpha + pv
             m = m_new
