@@ -20,9 +20,13 @@ while [ $# -gt 0 ]; do
           # that hangs (a kernel deadlock blocks the signal-based timeout) ends the run after 120 s with its stack
           ATTNCLIMB_ERRLOG=$OUT/errors.json python3 -m pytest tests -m gpu -q --maxfail=40 --timeout=120 --timeout-method=thread \
             -p no:cacheprovider "${k[@]}" -rf 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "^tests/.*PASSED" | tail -45;;
-    sanitize) shift; for tool in memcheck racecheck synccheck; do
-            echo "== $tool"; compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 python3 scripts/sanitize_small.py ${1:-} 2>&1 | tail -6
-          done 2>&1 | tee "$OUT/sanitize-$(echo "${1:-all}" | tr ' ' '_').txt";;
+    sanitize) shift   # the whole report of each tool into the file (the first 20 errors in full), its end on stdout
+          f="$OUT/sanitize-$(echo "${1:-all}" | tr ' ' '_').txt"; : > "$f"
+          for tool in memcheck racecheck synccheck; do
+            echo "== $tool" | tee -a "$f"
+            compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 scripts/sanitize_small.py ${1:-} 2>&1 |
+              tee -a "$f" | tail -4
+          done;;
     bench) shift   # bench "ARGS" (one quoted word, may be empty)
            python3 -m attnclimb bench ${1:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
            for f in benchmarks/results/*.json; do [ "$f" -nt "$OUT/.start" ] && cp "$f" "$OUT/"; done  # this run's only
