@@ -181,16 +181,12 @@ SMEM_LAYOUTS = {
 }
 
 
-# Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
-# than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
-# head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
-# (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
-# the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
-# warpgroups".
-_LAZY_RESCALE = Rung(
-    14,
-    "lazy_rescale",
-    "a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
+# Rungs 12-15: each entry is the one below it with only what its own idea changes (RUNGS lists them in order).
+# BLOCK_N 176 = 11 k16 steps of P.V; 2 stages: 1024 + 32 KB + 2 x 2 x 44 KB = 214016 B.
+_WIDE_TILES = Rung(
+    12,
+    "wide_tiles",
+    "K/V tiles of 176 keys (BLOCK_N 176): fewer, longer wgmmas per softmax",
     "tma",
     block_m=128,
     block_n=176,
@@ -199,15 +195,44 @@ _LAZY_RESCALE = Rung(
     extra_defines={"NUM_STAGES": 2},
     q_box_rows=128,
     kv_box_rows=176,
-    sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR", "VOTE"),
+    sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
     persistent=True,
     features=("causal", "gqa", "lse", "strided", "fp16"),
+    # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
+    # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
+    head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
+    # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
+    # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
+    # (benchmarks/ab/ab-causal-tiles-h200.json)
+    causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
+)
+
+# Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
+# features, head_dims and causal tiles (the kernel source changes, not the launch).
+_CONST_DESC = replace(
+    _WIDE_TILES,
+    number=13,
+    name="const_desc",
+    idea="wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
+)
+
+# Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
+# than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
+# head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
+# (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
+# the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
+# warpgroups".
+_LAZY_RESCALE = replace(
+    _CONST_DESC,
+    number=14,
+    name="lazy_rescale",
+    idea="a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
+    sass_required=(*_CONST_DESC.sass_required, "VOTE"),
     head_dims={
         64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
         256: {"block_n": 64, "kv_box_rows": 64},
     },
     fp16_head_dims={64: {}},
-    causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
     # non-causal from 32 000 keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
     # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32 760 keys, 0 at 16k, -1 % at 8k,
     # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
@@ -379,50 +404,8 @@ RUNGS: tuple[Rung, ...] = (
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
         persistent=True,
     ),
-    # BLOCK_N 176 = 11 k16 steps of P.V; 2 stages: 1024 + 32 KB + 2 x 2 x 44 KB = 214016 B.
-    Rung(
-        12,
-        "wide_tiles",
-        "K/V tiles of 176 keys (BLOCK_N 176): fewer, longer wgmmas per softmax",
-        "tma",
-        block_m=128,
-        block_n=176,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=176,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
-        persistent=True,
-        features=("causal", "gqa", "lse", "strided", "fp16"),
-        # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
-        # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
-        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
-        # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
-        # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
-        # (benchmarks/ab/ab-causal-tiles-h200.json)
-        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
-    ),
-    # Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
-    # features, head_dims and causal tiles (the kernel source changes, not the launch).
-    Rung(
-        13,
-        "const_desc",
-        "wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
-        "tma",
-        block_m=128,
-        block_n=176,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=176,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
-        persistent=True,
-        features=("causal", "gqa", "lse", "strided", "fp16"),
-        head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
-        causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
-    ),
+    _WIDE_TILES,
+    _CONST_DESC,
     _LAZY_RESCALE,
     # Rung 14's kernel with a fast path for kept references (thread-local maxima against a per-row score limit, one
     # vote): rung 14's launch in every respect (tiles, features, head dims, causal and long-K/V tiles).
