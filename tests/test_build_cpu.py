@@ -451,12 +451,17 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
     """Rung 16 packs P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
     P_{j-1}·V_{j-1}, into the buffer that P·V does not read: every steady-loop window between those waits holds
     the whole pack. Where the second buffer does not fit (three consumer warpgroups: head_dim 64, the long-K/V
-    tiles), and in rung 15, the pack follows the P·V wait."""
+    tiles), and in rung 15, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
+    exactly one wait for P·V: wgmma.wait_group is .aligned, so it may not sit in the arms of the warp-uniform
+    rescale branch (two waits there broke compute-sanitizer's synccheck on the first version of this rung)."""
     _, r, double = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
     waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
     assert waits, "no wait_group 1 in the kernel"
     for i in waits:
+        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
+        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
+        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
         j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
         packs = sum("F2FP" in ln and "PACK_AB" in ln for ln in lines[i:j])
         # (an fp16 build also rounds the l fix's two P with F2FP.F16: at most 2 more, on both sides of the wait)

@@ -534,8 +534,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     uint32_t p_a[KV_STEPS][4];
 #if P_DOUBLE_BUFFER
     uint32_t p_b[KV_STEPS][4];
-#else
-    auto& p_b = p_a;
 #endif
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V tile number `kv` 's slot
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
@@ -596,9 +594,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         // Each step issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} (from p_in) as two wgmma groups,
         // waits for the first only, runs tile nb's softmax while the tensor cores still work on P·V and packs
         // P_nb into p_out, the other buffer, still under that P·V; then it waits for P·V and rescales O
-        // (FlashAttention-3 Sec. 3.2). The P·V wait sits in both arms of the rescale branch, so ptxas cannot
-        // hoist it above the packing (it moves a wgmma wait as early in its basic block as the registers
-        // allow).
+        // (FlashAttention-3 Sec. 3.2). ptxas moves a wgmma wait as early in its basic block as the registers
+        // allow; the anchor store below, which depends on every packed word, keeps the pack above it.
         auto step = [&](int nb, uint32_t (&p_in)[KV_STEPS][4], uint32_t (&p_out)[KV_STEPS][4]) {
             slot = kv % NUM_STAGES;
             TRACE_BEGIN(WAIT_K);
@@ -627,19 +624,29 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             const bool rescale =
                 softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
+            // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
+            uint32_t anchor = __float_as_uint(row_sum[0] + row_sum[1]);
 #if P_DOUBLE_BUFFER
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) {
+                pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+                anchor ^= p_out[ks][0] ^ p_out[ks][1] ^ p_out[ks][2] ^ p_out[ks][3];
+            }
 #endif
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), __uint_as_float(anchor));
             TRACE_END(SOFTMAX);
-            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
-            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
             // ---- the previous tile's P·V is done: release its V, rescale O ----
+            // One wait, outside the rescale branch: wgmma.wait_group is .aligned, which for wgmma means every
+            // thread of the warpgroup executes the same instruction, and the rescale vote is only
+            // warp-uniform.
             TRACE_BEGIN(PV);
-            if (rescale) {  // warp-uniform
-                hop::wgmma_wait<0>();
-                hop::reg_fence(o_acc);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(o_acc);
+            hop::reg_fence(p_in);
+            if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
+            if (rescale) {                                           // warp-uniform
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     o_acc[j][0] *= alpha[0];
@@ -647,13 +654,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                     o_acc[j][2] *= alpha[1];
                     o_acc[j][3] *= alpha[1];
                 }
-            } else {
-                hop::wgmma_wait<0>();
-                hop::reg_fence(o_acc);
             }
-            hop::reg_fence(p_in);
-            hop::reg_fence(p_out);
-            if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
 #if !P_DOUBLE_BUFFER
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
