@@ -626,14 +626,17 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
             // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
             // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
-            uint32_t anchor = __float_as_uint(row_sum[0] + row_sum[1]);
+            uint32_t folded = 0;  // XOR of the packed words, folded in as they come (two per LOP3)
 #if P_DOUBLE_BUFFER
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) {
                 pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
-                anchor ^= p_out[ks][0] ^ p_out[ks][1] ^ p_out[ks][2] ^ p_out[ks][3];
+                folded = hop::xor3(folded, p_out[ks][0], p_out[ks][1]);
+                folded = hop::xor3(folded, p_out[ks][2], p_out[ks][3]);
             }
 #endif
+            const uint32_t anchor =
+                hop::xor3(folded, __float_as_uint(row_sum[0]), __float_as_uint(row_sum[1]));
             hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), __uint_as_float(anchor));
             TRACE_END(SOFTMAX);
 
