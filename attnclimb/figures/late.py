@@ -1,6 +1,6 @@
-"""Figures of rungs 10-16: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+"""Figures of rungs 10-15: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
 wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale, the fast path for kept
-references, P in two A-fragment buffers."""
+references."""
 
 from __future__ import annotations
 
@@ -1404,115 +1404,6 @@ def rung15_path(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 16
-
-# One consumer warpgroup's K/V tile j in the steady loop, in schematic time units (not measured: the rung's
-# page has the measured timeline): the wait for S_j, the softmax, the pack of P_j into bf16 pairs (BLOCK_N / 4
-# F2FP per thread), the wait for P_{j-1}·V_{j-1} and the warpgroup's next turn.
-CHAIN_SOFTMAX, CHAIN_PACK, CHAIN_RESCALE = 5.0, 1.1, 0.5
-
-
-def rung16_chain(path):
-    fig, ax = new_figure(8.6, 3.3)
-    x0, unit = 1.25, 0.9
-    kv15, kv16 = facts.need(15, "KV_STEPS"), facts.need(16, "KV_STEPS")
-    lanes = [  # (y, rung, the steps after the wait for S_j)
-        (
-            2.15,
-            15,
-            [("softmax of S_j", CHAIN_SOFTMAX, YELLOW), ("wait\nP·V", 0.6, GREY), ("pack P_j", CHAIN_PACK, PACK)],
-        ),
-        (
-            0.95,
-            16,
-            [
-                ("softmax of S_j, pack P_j\ninto the other buffer", CHAIN_SOFTMAX + 0.25, YELLOW),
-                ("wait\nP·V", 0.6, GREY),
-            ],
-        ),
-    ]
-    for y, n, steps in lanes:
-        kv = kv15 if n == 15 else kv16
-        label(ax, 0.1, y + 0.28, f"rung {n}", size=8, ha="left", weight="bold")
-        label(
-            ax,
-            0.1,
-            y - 0.02,
-            f"{kv * 4} F2FP" + (" after\nthe wait" if n == 15 else " under\nP·V"),
-            size=6.5,
-            ha="left",
-        )
-        x = x0
-        for name, length, colour in steps:
-            w = length * unit * 0.9
-            box(ax, x, y - 0.05, w, 0.5, name, fc=tint(colour, 0.35), fontsize=6.6)
-            x += w
-        box(ax, x + 0.05, y - 0.05, 0.9, 0.5, "next turn:\nS_j+1, P_j·V_j", fc=tint(SKY, 0.35), fontsize=6.4)
-        # the tensor cores: P_{j-1}·V_{j-1} in flight from the turn before until its wait
-        pv_end = x0 + (CHAIN_SOFTMAX + (0.25 if n == 16 else 0)) * unit * 0.9
-        rect(ax, x0, y - 0.42, pv_end - x0, 0.24, fc=tint(GREEN, 0.4), ec=GREEN)
-        buf = "p_a" if n == 16 else "p_frag"
-        label(ax, x0 + 0.08, y - 0.30, f"tensor cores: P_j-1·V_j-1 (reads {buf})", size=6.3, ha="left")
-    title(ax, 0.1, 3.22, "After the softmax of tile j: what stands between a warpgroup and its next turn", size=9)
-    label(
-        ax,
-        0.1,
-        0.22,
-        "P_j-1·V_j-1 reads its A operand from registers until its wgmma wait, so with one buffer (rung 15) P_j is "
-        "packed after that wait;\nwith two (rung 16, p_a / p_b trading roles every tile) the F2FPs run beside the "
-        "exponentials, and only the rare O rescale follows the wait.",
-        size=6.6,
-        ha="left",
-        va="center",
-    )
-    save(fig, path)
-
-
-# BLOCK_N 176 with two P buffers: ptxas's report for that build (sm_90a, NVRTC 13.0), quoted on the page.
-TWO_P_AT_176_SPILL_BYTES = 224
-
-
-def rung16_budget(path):
-    import matplotlib.pyplot as plt
-
-    creg = facts.need(16, "CONSUMER_REGS")
-    wide, narrow = rungs.get(15).block_n, rungs.get(16).block_n
-    variants = [  # (label, rung, Rung fields changed, P buffers)
-        (f"rung 15: {wide} keys, one P", 15, {}, 1),
-        (f"two P at {wide} keys", 16, {"block_n": wide, "kv_box_rows": wide}, 2),
-        (f"rung 16: {narrow} keys, two P", 16, {}, 2),
-    ]
-    fig, ax = plt.subplots(figsize=(8.6, 2.5))
-    for yi, (_, n, change, buffers) in enumerate(variants):
-        o_t, s_t, kv = facts.need(n, "O_TILES", "S_TILES", "KV_STEPS", **change)
-        parts = [(f"O: {o_t * 4}", o_t * 4, tint(ROLE["O"], 0.35)), (f"S: {s_t * 4}", s_t * 4, tint(SKY, 0.25))]
-        parts += [(f"P: {kv * 4}", kv * 4, tint(ORANGE, 0.3 + 0.25 * b)) for b in range(buffers)]
-        left = 0
-        for text, k, colour in parts:
-            ax.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.62)
-            ax.text(left + k / 2, yi, text, ha="center", va="center", fontsize=7)
-            left += k
-        note = f"{left}, {creg - left} left" if left < creg else f"{left}: ptxas spills {TWO_P_AT_176_SPILL_BYTES} B"
-        ax.text(min(left, creg) + 3, yi, note, va="center", fontsize=7, color=VERMILLION if left >= creg else "black")
-    ax.set_yticks(range(len(variants)), [v[0] for v in variants], fontsize=7.5)
-    ax.invert_yaxis()
-    ax.axvline(creg, color=VERMILLION, lw=1, ls="--")
-    ax.set_xlim(0, 300)
-    ax.set_xlabel(
-        "32-bit registers of a consumer thread held across the loop in O, S and the P buffers (the rest: addresses, "
-        "row state)",
-        fontsize=7.5,
-    )
-    ax.set_title(
-        f"The second P buffer costs BLOCK_N / 4 registers: it fits the consumers' {creg} at {narrow}-key tiles, "
-        f"not at {wide}",
-        loc="left",
-        fontsize=8.5,
-    )
-    ax.tick_params(labelsize=7)
-    save(fig, path)
-
-
 FIGURES = [
     (
         10,
@@ -1596,19 +1487,5 @@ FIGURES = [
         rung15_fastpath,
         "The share of warp-tiles that take rung 15's fast path, by seqlen_k, on random inputs (the float32 model "
         "of the kernels).",
-    ),
-    (
-        16,
-        "chain",
-        rung16_chain,
-        "After the softmax of K/V tile j: rung 15 packs P_j after the wait for P_{j-1}·V_{j-1}, rung 16 packs it "
-        "into the other buffer under that P·V (schematic lengths).",
-    ),
-    (
-        16,
-        "budget",
-        rung16_budget,
-        "The registers of a consumer thread held in O, S and P: a second P buffer fits at 128-key tiles, not at "
-        "rung 15's 176.",
     ),
 ]
