@@ -419,12 +419,18 @@ def test_softmax_runs_under_the_pv_wgmma(case):
     """Rungs 9 and up overlap a warpgroup's softmax with its own P·V (FA3 Sec. 3.2): in the steady loop, after
     the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) the whole softmax (BLOCK_N / 2 MUFU.EX2 per thread)
     must come before the wait for P·V (``... 0x0``). ptxas is free to schedule that wait first and did
-    (issue 13); ``hop::keep_above_wait`` holds it, which this checks stays true."""
+    (issue 13); ``hop::keep_above_wait`` holds it, which this checks stays true. Between the wait for S and the
+    next wgmma there is exactly one wait for P·V: ``wgmma.wait_group`` is ``.aligned`` over the warpgroup, so it
+    may not be copied into the arms of a warp-uniform branch such as the lazy rescale's (the first rung 16 did,
+    and compute-sanitizer's synccheck failed on it)."""
     _, r = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
     waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
     assert waits, "no wait_group 1 in the kernel"
     for i in waits:
+        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
+        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
+        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
         j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
         assert "gsb0, 0x0" in lines[j]
         ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
