@@ -156,8 +156,8 @@ def _s_issue_r2ur(text: str) -> list:
 )
 def test_uwarp_issues_s_without_r2ur(tmp_path, causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
     """uwarp: the S = Q·Kᵀ wgmmas of the steady loop take their descriptors from uniform registers (no R2UR
-    between the last P·V wgmma and the wait for S), where the top rung moves each Q descriptor with R2UR; no
-    spills in the plain, feature, head_dim 64 and long-K/V builds."""
+    in the instructions that issue them), where the top rung moves each Q descriptor with two R2UR; no spills
+    in the plain, feature, head_dim 64 and long-K/V builds."""
     _load().main(str(tmp_path))
     top = rungs.TOP
     r = feature_variant(top, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, bool(fp16))
