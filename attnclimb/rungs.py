@@ -417,6 +417,14 @@ RUNGS: tuple[Rung, ...] = (
             "a warp whose rows all keep their reference skips the row-max reduction: own-column maxima against a limit"
         ),
     ),
+    # Rung 15's kernel with the warp index read through __shfl_sync: the Q descriptor in uniform registers. Rung
+    # 15's launch in every respect.
+    replace(
+        _LAZY_RESCALE,
+        number=16,
+        name="uniform_warp",
+        idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

@@ -2,10 +2,10 @@
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
-#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 14-15
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 15 against rung 14 and
+#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 15-16
+#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 16 against rung 15 and
 #                                           make_variants.py's variants, with FA4 in the same run, ncu of
-#                                           rung 14 and FA4, the full bench
+#                                           rung 16 and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
@@ -29,8 +29,7 @@
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "uwarp=.ab/uwarp", the prepared candidate; e.g. "lround=.ab/lround", written there by
-# make_variants.py; "" for none) names A/B variants of
+# AB_VARIANTS (default none; e.g. "lround=.ab/lround", written there by make_variants.py) names A/B variants of
 # the top rung (other folders under .ab can be carried). lround, poly2/4/8 and sleep were measured at 8ac76ca
 # (ab-exp2; rung 14's page): none kept.
 set -uo pipefail
@@ -49,21 +48,23 @@ install_fa4() {
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
-    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-15}"
+    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-16}"
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "14 15"
+    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "15 16"
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15,16 --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,8x16x2048,4x16x4096,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
   peers)
     install_fa4 "the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
-    args=(); for v in ${AB_VARIANTS-uwarp=.ab/uwarp}; do
+    args=(); for v in ${AB_VARIANTS:-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14,15 "${args[@]}" --rounds 3 \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
-    bash scripts/device_job.sh ncu "r15 rung15 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    bash scripts/device_job.sh ncu "r16 rung16 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
     install_fa4 "the bench runs without it"

@@ -1,7 +1,7 @@
 """Write the A/B variants of issue 13, generated from the current sources so that they never drift from them:
 ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``base/15_kept_reference.cu``: the top rung's source as it is, for variants that change only ``Rung``
+* ``base/16_uniform_warp.cu``: the top rung's source as it is, for variants that change only ``Rung``
   fields after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
 * ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
   rounds it; rung 14's page), to measure what the fix costs;
@@ -14,15 +14,11 @@
   exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page);
-* ``uwarp/15_kept_reference.cu`` (a candidate for the next rung, not measured yet): the warp index read through
-  ``__shfl_sync(…, 0)``, so that the compiler knows it is warp-uniform and keeps the warpgroup's Q descriptor in
-  uniform registers. In the top rung it is a per-thread value, and each wgmma of S = Q·Kᵀ rebuilds its
-  descriptor pair with two R2UR and an IADD3 / IMAD.X / UMOV (issue 13's "warp-uniform warpgroup index");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
 
-``base``, ``uwarp`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured on rung 14
+``base`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured on rung 14
 and not kept (its page), rewrite rung 14's source (``VARIANTS_OF``) and are timed with ``--rungs 14``. The
 ``desc`` variant that this script wrote
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
@@ -261,19 +257,6 @@ def noexp(src: str) -> str:
 VARIANTS_OF = 14
 
 
-def uwarp(src: str) -> str:
-    """The warp index made visibly warp-uniform (``__shfl_sync`` from lane 0, the same value): every quantity
-    derived from it (the warpgroup, its Q rows, the Q descriptor, the turn barriers) can live in uniform
-    registers, so no wgmma waits for an R2UR of its descriptor."""
-    return _sub(
-        src,
-        "    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;\n",
-        "    const int tid = threadIdx.x, lane = tid % 32;\n"
-        "    const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform, and visibly so\n",
-        1,
-    )
-
-
 def nomax(src: str) -> str:
     """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
     one n8 column tile instead of all of them (the fast path's test and the l fix see that column only). Its
@@ -302,7 +285,6 @@ def main(out=".ab"):
         ("poly2", poly(2), {"lround.cuh": LROUND_HEADER}, measured),
         ("poly4", poly(4), {"lround.cuh": LROUND_HEADER}, measured),
         ("poly8", poly(8), {"lround.cuh": LROUND_HEADER}, measured),
-        ("uwarp", uwarp, {}, top),
         ("noload", noload, {}, top),
         ("noexp", noexp, {}, top),
         ("nomax", nomax, {}, top),

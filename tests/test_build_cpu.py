@@ -266,7 +266,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14, 15]  # the rungs that carry the FP16 variant (15 is rungs.TOP)
+FP16_RUNGS = [12, 13, 14, 15, 16]  # the rungs that carry the FP16 variant (16 is rungs.TOP)
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
@@ -489,3 +489,57 @@ def test_rung15_row_max_reduction_behind_a_vote(compiled):
     assert vote < shfl and re.search(r"\bBRA\b", w15[vote:shfl])
     assert "MUFU.EX2" not in w15[:vote]
     assert "VOTE.ALL" not in w14 and "SHFL.BFLY" in w14
+
+
+def _s_issue_r2ur(text: str) -> list:
+    """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``text``: the R2UR among the instructions
+    that issue the S = Q·Kᵀ wgmmas before it (the run of HGMMAs without ``tnspB``, P·V's V operand, from the
+    WARPGROUP.ARRIVE in front of it)."""
+    lines = text.splitlines()
+    out = []
+    for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
+        last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
+        first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
+        assert not any("tnspB" in ln for ln in lines[first:last]), "a P·V wgmma inside the S group"
+        out.append(sum("R2UR" in ln for ln in lines[first:last]))
+    return out
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize(
+    "causal,gqa,lse,strided,fp16,head_dim,seqlen_k",
+    [(0, 0, 0, 0, 0, 128, None), (1, 1, 1, 1, 1, 128, None), (0, 0, 0, 0, 0, 64, None), (0, 0, 0, 0, 0, 128, 10**5)],
+)
+def test_rung16_issues_s_without_r2ur(causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
+    """Rung 16's S = Q·Kᵀ wgmmas take their descriptors from uniform registers: no R2UR in the instructions
+    that issue them, where rung 15 moves each Q descriptor with two (plain, feature, head_dim 64 and long-K/V
+    builds)."""
+    from attnclimb.runtime.launch import feature_variant
+
+    args = (bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, bool(fp16))
+    before = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(15), *args), "sm_90a").cubin))
+    after = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(16), *args), "sm_90a").cubin))
+    assert before and min(before) >= 8, before  # what rung 16 removes is there in rung 15
+    assert after and max(after) == 0, after
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung16_s_group_counts_match_its_figure(compiled):
+    """Rung 16's figure quotes the SASS of one S group and the kernel's R2UR and size, in rungs 15 and 16
+    (figures/late.py S_GROUP_SASS, KERNEL_SASS): recounted here, with NVRTC 13.0 (as LOOP_SASS)."""
+    from collections import Counter
+
+    from attnclimb.figures.late import KERNEL_SASS, S_GROUP_SASS
+    from attnclimb.runtime.compiler import nvrtc_version
+
+    if tuple(nvrtc_version()[:2]) != (13, 0):
+        pytest.skip(f"S_GROUP_SASS was counted with NVRTC 13.0, this is {nvrtc_version()}")
+    for number, want in S_GROUP_SASS.items():
+        lines = sass(compiled[rungs.get(number).key].cubin).splitlines()
+        insns = [m for ln in lines if (m := _INSN.match(ln))]
+        assert {"R2UR": sum(m[2] == "R2UR" for m in insns), "total": len(insns)} == KERNEL_SASS[number], number
+        for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
+            last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
+            first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
+            got = Counter(m[2] for ln in lines[first : last + 1] if (m := _INSN.match(ln)))
+            assert dict(got) == want, number

@@ -23,7 +23,9 @@ from attnclimb.reference import LOG2E, attention_exact, attention_tiled, lse_exa
 
 pytestmark = pytest.mark.gpu
 LAZY, EAGER, KEPT = rungs.get(14), rungs.get(13), rungs.get(15)
-LAZY_RUNGS = pytest.mark.parametrize("lazy", [LAZY, KEPT], ids=lambda r: r.key)
+# Rung 16 takes rung 15's kernel with a warp-uniform warp index (no arithmetic changes).
+KEPT_RUNGS = [KEPT, rungs.get(16)]
+LAZY_RUNGS = pytest.mark.parametrize("lazy", [LAZY, *KEPT_RUNGS], ids=lambda r: r.key)
 
 
 def _dominant_key_inputs(step, seed=1, ties=1):
@@ -133,9 +135,10 @@ def test_rung14_soft_row_into_the_hard_range(lazy):
     assert rel_l2(o, attention_exact(q, k, v, 1.0)) < 5e-3
 
 
+@pytest.mark.parametrize("kept", KEPT_RUNGS, ids=lambda r: r.key)
 @pytest.mark.parametrize("ties", [1, 4])
 @pytest.mark.parametrize("step", [2.7, 5.3])
-def test_rung15_follows_its_model_and_is_as_exact_as_rung14(step, ties):
+def test_rung15_follows_its_model_and_is_as_exact_as_rung14(step, ties, kept):
     """Rung 15 on the dominant-key rows (``ties`` equal copies of the key, which rose ``step`` over a kept
     reference in tile 1, where the warp takes the fast path): its O is its model's (each thread rounds its own
     column max's P in l, ``round_top_p="thread"``), not the model without the l fix, and with 4 ties not rung
@@ -143,12 +146,12 @@ def test_rung15_follows_its_model_and_is_as_exact_as_rung14(step, ties):
     float64 it is at least as exact as rung 14 (the models: equal with one key, 1.93e-3 / 2.08e-3 against 2.16e-3
     / 2.15e-3 with four); the LSE exact."""
     q, k, v = _dominant_key_inputs(step, ties=ties)
-    kw = {"block_n": KEPT.block_n, "kernel_fp32": True, "rescale_threshold": TAU}
+    kw = {"block_n": kept.block_n, "kernel_fp32": True, "rescale_threshold": TAU}
     thread = attention_tiled(q, k, v, 1.0, round_top_p="thread", **kw).bfloat16().float()
     tile = attention_tiled(q, k, v, 1.0, round_top_p=True, **kw).bfloat16().float()
     unfixed = attention_tiled(q, k, v, 1.0, **kw).bfloat16().float()
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    o15, lse15 = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=KEPT)
+    o15, lse15 = run_features(qc, kc, vc, scale=1.0, with_lse=True, rung=kept)
     o15 = o15.float().cpu()
     o14 = run_features(qc, kc, vc, scale=1.0, rung=LAZY)[0].float().cpu()
     assert rel_l2(o15, thread) < 0.5 * rel_l2(o15, unfixed)

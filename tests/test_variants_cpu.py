@@ -133,38 +133,3 @@ def test_diagnostics_compile_without_spills(tmp_path, name):
     c = compile_source(rungs.TOP, (tmp_path / name / rungs.TOP.source.name).read_text())
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
-
-
-def _s_issue_r2ur(text: str) -> list:
-    """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``text``: the R2UR among the instructions
-    that issue the S = Q·Kᵀ wgmmas before it (the run of HGMMAs without ``tnspB``, P·V's V operand, from the
-    WARPGROUP.ARRIVE in front of it)."""
-    lines = text.splitlines()
-    out = []
-    for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
-        last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
-        first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
-        assert not any("tnspB" in ln for ln in lines[first:last]), "a P·V wgmma inside the S group"
-        out.append(sum("R2UR" in ln for ln in lines[first:last]))
-    return out
-
-
-@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-@pytest.mark.parametrize(
-    "causal,gqa,lse,strided,fp16,head_dim,seqlen_k",
-    [(0, 0, 0, 0, 0, 128, None), (1, 1, 1, 1, 1, 128, None), (0, 0, 0, 0, 0, 64, None), (0, 0, 0, 0, 0, 128, 10**5)],
-)
-def test_uwarp_issues_s_without_r2ur(tmp_path, causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
-    """uwarp: the S = Q·Kᵀ wgmmas of the steady loop take their descriptors from uniform registers (no R2UR
-    in the instructions that issue them), where the top rung moves each Q descriptor with two R2UR; no spills
-    in the plain, feature, head_dim 64 and long-K/V builds."""
-    _load().main(str(tmp_path))
-    top = rungs.TOP
-    r = feature_variant(top, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, bool(fp16))
-    base = compile_source(r, top.source.read_text())
-    c = compile_source(r, (tmp_path / "uwarp" / top.source.name).read_text())
-    for res in c.resources:
-        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
-    before, after = _s_issue_r2ur(sass(base.cubin)), _s_issue_r2ur(sass(c.cubin))
-    assert before and min(before) >= 8, before  # what the variant removes is there in the top rung
-    assert after and max(after) == 0, after

@@ -1,6 +1,6 @@
-"""Figures of rungs 10-15: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+"""Figures of rungs 10-16: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
 wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale, the fast path for kept
-references."""
+references, the warp-uniform warp index."""
 
 from __future__ import annotations
 
@@ -1404,6 +1404,106 @@ def rung15_path(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 16
+
+# SASS instructions that issue one S group (from the WARPGROUP.ARRIVE before it to its last wgmma) in the steady
+# loop of the plain head_dim-128 kernels, NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`; and the whole
+# kernel's R2UR and instruction count. tests/test_build_cpu.py recounts them where cuobjdump is installed.
+S_GROUP_SASS = {
+    15: {"HGMMA": 8, "R2UR": 16, "IADD3": 7, "IMAD": 7, "LOP3": 2, "SHF": 1, "UIADD3": 14, "UMOV": 9, "WARPGROUP": 1},
+    16: {"HGMMA": 8, "UIADD3": 28, "UMOV": 18, "ULOP3": 2, "USHF": 1, "WARPGROUP": 1},
+}
+KERNEL_SASS = {15: {"R2UR": 67, "total": 2496}, 16: {"R2UR": 8, "total": 2448}}
+
+
+def rung16_sgroup(path):
+    import matplotlib.pyplot as plt
+
+    classes = [  # (label, opcodes, colour)
+        ("wgmma (HGMMA)", ("HGMMA",), tint(ROLE["K"], 0.45)),
+        ("R2UR: register → uniform register", ("R2UR",), tint(VERMILLION, 0.45)),
+        ("per-thread integer ops", ("IADD3", "IMAD", "LOP3", "SHF"), tint(SKY, 0.45)),
+        ("uniform-datapath ops", ("UIADD3", "UMOV", "ULOP3", "USHF", "WARPGROUP"), tint(GREEN, 0.35)),
+    ]
+    fig, ax = plt.subplots(figsize=(8.6, 2.4))
+    for yi, n in enumerate((15, 16)):
+        ops, left = S_GROUP_SASS[n], 0
+        for text, names, colour in classes:
+            k = sum(ops.get(o, 0) for o in names)
+            if k:
+                ax.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.6, label=text if yi == 0 else None)
+                ax.text(left + k / 2, yi, str(k), ha="center", va="center", fontsize=7)
+            left += k
+        kern = KERNEL_SASS[n]
+        ax.text(left + 1, yi, f"{left} (kernel: {kern['R2UR']} R2UR of {_fmt(kern['total'])})", va="center", fontsize=7)
+    ax.set_yticks([0, 1], ["rung 15", "rung 16"], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("SASS instructions that issue the 8 wgmmas of one S group (plain head_dim-128 kernel)", fontsize=7.5)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(
+        "Issuing S = Q·Kᵀ: rung 15 moves each Q descriptor into uniform registers (2 R2UR per wgmma), rung 16 "
+        "keeps it there",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+def rung16_path(path):
+    fig, ax = new_figure(8.6, 2.9)
+    lanes = [
+        (
+            1.85,
+            15,
+            [
+                ("threadIdx.x / 32", SKY),
+                ("wg, Q rows", SKY),
+                ("Q descriptor\n(64-bit pair)", SKY),
+                ("+ k-step offset\nIADD3, IMAD.X", SKY),
+                ("2 × R2UR", VERMILLION),
+                ("HGMMA\ngdesc[UR]", ORANGE),
+            ],
+        ),
+        (
+            0.75,
+            16,
+            [
+                ("__shfl_sync(\nthreadIdx.x / 32, 0)", GREEN),
+                ("wg, Q rows", GREEN),
+                ("Q descriptor\n(64-bit pair)", GREEN),
+                ("+ k-step offset\nUIADD3", GREEN),
+                ("HGMMA\ngdesc[UR]", ORANGE),
+            ],
+        ),
+    ]
+    for y, n, steps in lanes:
+        label(ax, 0.1, y + 0.02, f"rung {n}", size=8, ha="left", weight="bold")
+        x = 0.8
+        for i, (text, colour) in enumerate(steps):
+            w = 1.05
+            box(ax, x, y - 0.3, w, 0.6, text, fc=tint(colour, 0.35), fontsize=6.5)
+            if i + 1 < len(steps):
+                arrow(ax, x + w, y, x + w + 0.15, y)
+            x += w + 0.15
+    title(
+        ax, 0.1, 2.8, "Where the Q descriptor lives: per-thread registers (blue) or uniform registers (green)", size=9
+    )
+    label(
+        ax,
+        0.1,
+        0.18,
+        "A wgmma reads its descriptors from uniform registers. The compiler keeps a value there only if it can tell "
+        "that every thread of the warp holds the same one:\nthreadIdx.x / 32 is the same across a warp, but only "
+        "__shfl_sync from lane 0 says so.",
+        size=6.6,
+        ha="left",
+        va="center",
+    )
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1487,5 +1587,18 @@ FIGURES = [
         rung15_fastpath,
         "The share of warp-tiles that take rung 15's fast path, by seqlen_k, on random inputs (the float32 model "
         "of the kernels).",
+    ),
+    (
+        16,
+        "path",
+        rung16_path,
+        "Where the warpgroup's Q descriptor lives: in rung 15 in per-thread registers, moved by two R2UR before "
+        "each wgmma of S; in rung 16 in uniform registers, from a warp index read through __shfl_sync.",
+    ),
+    (
+        16,
+        "sgroup",
+        rung16_sgroup,
+        "The SASS instructions that issue one S group in rung 15 and rung 16, by kind (NVRTC 13.0).",
     ),
 ]
