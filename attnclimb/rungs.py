@@ -425,6 +425,17 @@ RUNGS: tuple[Rung, ...] = (
         name="uniform_warp",
         idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
     ),
+    # Rung 16's kernel with P in two A-fragment buffers, packed under the previous tile's P·V: the second buffer
+    # needs BLOCK_N / 4 registers, so head_dim 128 takes 128-key tiles (176 spill); the three-warpgroup tiles
+    # (head_dim 64, long K/V) keep one buffer (P_DOUBLE_BUFFER 0 in the kernel) and rung 16's tiles.
+    replace(
+        _LAZY_RESCALE,
+        number=17,
+        name="p_double_buffer",
+        idea="P in two A-fragment buffers: the softmax packs P_j while P_{j-1}·V_{j-1} still reads the other",
+        block_n=128,
+        kv_box_rows=128,
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

@@ -2,10 +2,12 @@
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
-#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 15-16
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rung 16 against rung 15 and
+#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 16-17
+#   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature and fp16 variants of the
+#                                           rung below the top
+#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rungs 15, 16 and 17 and
 #                                           make_variants.py's variants, with FA4 in the same run, ncu of
-#                                           rung 16 and FA4, the full bench
+#                                           rung 17 and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
@@ -37,6 +39,7 @@ set -uo pipefail
 # the commit recorded in every JSON comes from ATTNCLIMB_GIT_COMMIT, which each call must set.
 : "${ATTNCLIMB_GIT_COMMIT:?set ATTNCLIMB_GIT_COMMIT=<the commit whose tree this call runs>}"
 export ATTNCLIMB_GIT_COMMIT OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
+TOP=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(rungs.TOP.number)")
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
 # The third call's step: .peers/q3 joined to the parts already in /tmp/fa4, the split wheel put back together, all
 # installed into /tmp/site (put on PYTHONPATH with fa4_path). Prints why when it fails; the caller goes on without FA4.
@@ -48,13 +51,16 @@ install_fa4() {
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
-    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-16}"
+    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-16 17}"
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "15 16"
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15,16 --causal --rounds 3 --no-errors \
-      --shapes 16x16x1024,8x16x2048,4x16x4096,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
+    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "16 17"
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15,16,17 --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
+    ;;
+  sanitize-below)   # (no carry) compute-sanitizer on the feature and fp16 variants of the rung below the top
+    bash scripts/device_job.sh sanitize "features $((TOP - 1))" sanitize "fp16 $((TOP - 1))"
     ;;
   peers)
     install_fa4 "the A/B and the bench run without it"
@@ -62,9 +68,9 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
     args=(); for v in ${AB_VARIANTS:-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16 "${args[@]}" --rounds 3 \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16,17 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
-    bash scripts/device_job.sh ncu "r16 rung16 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    bash scripts/device_job.sh ncu "r17 rung17 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
     install_fa4 "the bench runs without it"

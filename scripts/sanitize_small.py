@@ -1,10 +1,12 @@
 """Run rungs once each on small ragged shapes, for compute-sanitizer (memcheck, racecheck, synccheck).
 
-Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features | fp16]
+Usage: compute-sanitizer --tool racecheck python scripts/sanitize_small.py [rung ... | features [rung ...] |
+fp16 [rung ...]]
 
 ``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256, the long-K/V
 tiles on the small shapes); ``fp16``
-its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path).
+its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path). Rung numbers
+after ``features`` or ``fp16`` run those rungs' variants instead of the top rung's.
 """
 
 import dataclasses
@@ -37,9 +39,7 @@ def one(r, b, h, sq, sk, d=128, h_kv=None, causal=False, lse=False, strided=Fals
     print(f"{tag}: rel_l2 {err:.2e}", flush=True)
 
 
-args = sys.argv[1:]
-if args == ["features"]:
-    top = rungs.RUNGS[-1]
+def features(top):
     for b, h, sq, sk in SHAPES:
         one(top, b, h, sq, sk, causal=True)
         one(top, b, h, sq, sk, lse=True)
@@ -60,8 +60,10 @@ if args == ["features"]:
     for b, h, sq, sk in SHAPES[1:] + [(1, 4, 128, 700)]:
         one(top, b, h, sq, sk, big=1e4)
         one(top, b, h, sq, sk, causal=True, lse=True, big=1e4)
-elif args == ["fp16"]:
-    top, f16 = rungs.RUNGS[-1], torch.float16
+
+
+def fp16(top):
+    f16 = torch.float16
     for b, h, sq, sk in SHAPES:
         one(top, b, h, sq, sk, dtype=f16)
         one(top, b, h, sq, sk, causal=True, lse=True, dtype=f16)
@@ -72,6 +74,12 @@ elif args == ["fp16"]:
             one(top, b, h, sq, sk, d=d, dtype=f16)
         # Q and K of size ~1e4: |max·c| ~ 2^27, rows that need the fp16-P shift (the slow path)
         one(top, b, h, sq, sk, lse=True, dtype=f16, big=1e4)
+
+
+args = sys.argv[1:]
+if args[:1] in (["features"], ["fp16"]):
+    for n in [int(a) for a in args[1:]] or [rungs.TOP.number]:
+        (features if args[0] == "features" else fp16)(rungs.get(n))
 else:
     for n in [int(a) for a in args] or [r.number for r in rungs.RUNGS]:
         r = rungs.get(n)

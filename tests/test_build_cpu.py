@@ -266,7 +266,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14, 15, 16]  # the rungs that carry the FP16 variant (16 is rungs.TOP)
+FP16_RUNGS = [12, 13, 14, 15, 16, 17]  # the rungs that carry the FP16 variant (17 is rungs.TOP)
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
@@ -435,6 +435,46 @@ def test_softmax_runs_under_the_pv_wgmma(case):
         assert "gsb0, 0x0" in lines[j]
         ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
         assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"
+
+
+def _pack_cases():
+    """Rung 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
+    from attnclimb.runtime.launch import feature_variant
+
+    top = rungs.get(17)
+    double = [("rung17", top), ("rung17-causal-gqa-lse-strided", feature_variant(top, True, True, True, True))]
+    double.append(("rung17-hd256", feature_variant(top, False, False, False, head_dim=256)))
+    double.append(("rung17-fp16-causal", feature_variant(top, True, False, False, fp16=True)))
+    single = [("rung17-hd64", feature_variant(top, False, False, False, head_dim=64))]
+    single.append(("rung17-long-kv", feature_variant(top, False, False, False, seqlen_k=top.long_kv[0])))
+    single.append(("rung16", rungs.get(16)))
+    return [(k, r, True) for k, r in double] + [(k, r, False) for k, r in single]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("case", _pack_cases(), ids=lambda c: c[0])
+def test_rung17_packs_p_under_the_pv_wgmma(case):
+    """Rung 17 packs P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
+    P_{j-1}·V_{j-1}, into the buffer that P·V does not read: every steady-loop window between those waits holds
+    the whole pack. Where the second buffer does not fit (three consumer warpgroups: head_dim 64, the long-K/V
+    tiles), and in rung 16, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
+    exactly one wait for P·V: wgmma.wait_group is .aligned, so it may not sit in the arms of the warp-uniform
+    rescale branch (two waits there broke compute-sanitizer's synccheck on the first version of this idea)."""
+    _, r, double = case
+    lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
+    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
+    assert waits, "no wait_group 1 in the kernel"
+    for i in waits:
+        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
+        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
+        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
+        j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
+        packs = sum("F2FP" in ln and "PACK_AB" in ln for ln in lines[i:j])
+        # (an fp16 build also rounds the l fix's two P with F2FP.F16: at most 2 more, on both sides of the wait)
+        if double:
+            assert r.block_n // 4 <= packs <= r.block_n // 4 + 2, f"{packs} F2FP between the waits for S and P·V"
+        else:
+            assert packs <= 2, f"{packs} F2FP between the waits for S and for P·V"
 
 
 _INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)([^;]*);")

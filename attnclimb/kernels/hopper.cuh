@@ -234,6 +234,14 @@ __device__ __forceinline__ void keep_above_wait(uint32_t slot, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(slot), "f"(x) : "memory");
 }
 
+// a ^ b ^ c in one LOP3, written as PTX so that the compiler keeps the order of a running XOR as the source
+// gives it (re-associated, a fold of values that come one after another can start from the last of them).
+__device__ __forceinline__ uint32_t xor3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x96;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
 // Compiler-only fence on registers: an empty asm that "reads and writes" each register, so the
 // compiler can neither move ordinary arithmetic on accumulators into the window between a wgmma
 // issue and its wait, nor hoist reads of the results above the wait (volatile asms keep their order).
