@@ -240,6 +240,18 @@ _LAZY_RESCALE = replace(
 )
 
 
+# Rung 15's kernel with P in two A-fragment buffers, packed under the previous tile's P·V: the second buffer
+# needs BLOCK_N / 4 registers, so head_dim 128 takes 128-key tiles (176 spill); the three-warpgroup tiles
+# (head_dim 64, long K/V) keep one buffer (P_DOUBLE_BUFFER 0 in the kernel) and rung 15's tiles.
+_P_DOUBLE_BUFFER = replace(
+    _LAZY_RESCALE,
+    number=16,
+    name="p_double_buffer",
+    idea="P in two A-fragment buffers: the softmax packs P_j while P_{j-1}·V_{j-1} still reads the other",
+    block_n=128,
+    kv_box_rows=128,
+)
+
 RUNGS: tuple[Rung, ...] = (
     Rung(
         0,
@@ -417,24 +429,14 @@ RUNGS: tuple[Rung, ...] = (
             "a warp whose rows all keep their reference skips the row-max reduction: own-column maxima against a limit"
         ),
     ),
-    # Rung 15's kernel with the warp index read through __shfl_sync: the Q descriptor in uniform registers. Rung
-    # 15's launch in every respect.
+    _P_DOUBLE_BUFFER,
+    # Rung 16's kernel with the warp index read through __shfl_sync: the Q descriptor in uniform registers. Rung
+    # 16's launch in every respect.
     replace(
-        _LAZY_RESCALE,
-        number=16,
+        _P_DOUBLE_BUFFER,
+        number=17,
         name="uniform_warp",
         idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
-    ),
-    # Rung 16's kernel with P in two A-fragment buffers, packed under the previous tile's P·V: the second buffer
-    # needs BLOCK_N / 4 registers, so head_dim 128 takes 128-key tiles (176 spill); the three-warpgroup tiles
-    # (head_dim 64, long K/V) keep one buffer (P_DOUBLE_BUFFER 0 in the kernel) and rung 16's tiles.
-    replace(
-        _LAZY_RESCALE,
-        number=17,
-        name="p_double_buffer",
-        idea="P in two A-fragment buffers: the softmax packs P_j while P_{j-1}·V_{j-1} still reads the other",
-        block_n=128,
-        kv_box_rows=128,
     ),
 )
 

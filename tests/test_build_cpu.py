@@ -438,26 +438,28 @@ def test_softmax_runs_under_the_pv_wgmma(case):
 
 
 def _pack_cases():
-    """Rung 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
+    """Rungs 16 and 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
     from attnclimb.runtime.launch import feature_variant
 
-    top = rungs.get(17)
-    double = [("rung17", top), ("rung17-causal-gqa-lse-strided", feature_variant(top, True, True, True, True))]
-    double.append(("rung17-hd256", feature_variant(top, False, False, False, head_dim=256)))
-    double.append(("rung17-fp16-causal", feature_variant(top, True, False, False, fp16=True)))
-    single = [("rung17-hd64", feature_variant(top, False, False, False, head_dim=64))]
-    single.append(("rung17-long-kv", feature_variant(top, False, False, False, seqlen_k=top.long_kv[0])))
-    single.append(("rung16", rungs.get(16)))
-    return [(k, r, True) for k, r in double] + [(k, r, False) for k, r in single]
+    cases = []
+    for n in (16, 17):
+        r, k = rungs.get(n), f"rung{n}"
+        double = [(k, r), (f"{k}-causal-gqa-lse-strided", feature_variant(r, True, True, True, True))]
+        double.append((f"{k}-hd256", feature_variant(r, False, False, False, head_dim=256)))
+        double.append((f"{k}-fp16-causal", feature_variant(r, True, False, False, fp16=True)))
+        single = [(f"{k}-hd64", feature_variant(r, False, False, False, head_dim=64))]
+        single.append((f"{k}-long-kv", feature_variant(r, False, False, False, seqlen_k=r.long_kv[0])))
+        cases += [(k, r, True) for k, r in double] + [(k, r, False) for k, r in single]
+    return cases + [("rung15", rungs.get(15), False)]
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 @pytest.mark.parametrize("case", _pack_cases(), ids=lambda c: c[0])
-def test_rung17_packs_p_under_the_pv_wgmma(case):
-    """Rung 17 packs P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
+def test_rung16_packs_p_under_the_pv_wgmma(case):
+    """Rungs 16 and 17 pack P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
     P_{j-1}·V_{j-1}, into the buffer that P·V does not read: every steady-loop window between those waits holds
     the whole pack. Where the second buffer does not fit (three consumer warpgroups: head_dim 64, the long-K/V
-    tiles), and in rung 16, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
+    tiles), and in rung 15, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
     exactly one wait for P·V: wgmma.wait_group is .aligned, so it may not sit in the arms of the warp-uniform
     rescale branch (two waits there broke compute-sanitizer's synccheck on the first version of this idea)."""
     _, r, double = case
@@ -550,22 +552,22 @@ def _s_issue_r2ur(text: str) -> list:
     "causal,gqa,lse,strided,fp16,head_dim,seqlen_k",
     [(0, 0, 0, 0, 0, 128, None), (1, 1, 1, 1, 1, 128, None), (0, 0, 0, 0, 0, 64, None), (0, 0, 0, 0, 0, 128, 10**5)],
 )
-def test_rung16_issues_s_without_r2ur(causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
-    """Rung 16's S = Q·Kᵀ wgmmas take their descriptors from uniform registers: no R2UR in the instructions
-    that issue them, where rung 15 moves each Q descriptor with two (plain, feature, head_dim 64 and long-K/V
+def test_rung17_issues_s_without_r2ur(causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
+    """Rung 17's S = Q·Kᵀ wgmmas take their descriptors from uniform registers: no R2UR in the instructions
+    that issue them, where rung 16 moves each Q descriptor with two (plain, feature, head_dim 64 and long-K/V
     builds)."""
     from attnclimb.runtime.launch import feature_variant
 
     args = (bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, bool(fp16))
-    before = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(15), *args), "sm_90a").cubin))
-    after = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(16), *args), "sm_90a").cubin))
-    assert before and min(before) >= 8, before  # what rung 16 removes is there in rung 15
+    before = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(16), *args), "sm_90a").cubin))
+    after = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(17), *args), "sm_90a").cubin))
+    assert before and min(before) >= 8, before  # what rung 17 removes is there in rung 16
     assert after and max(after) == 0, after
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung16_s_group_counts_match_its_figure(compiled):
-    """Rung 16's figure quotes the SASS of one S group and the kernel's R2UR and size, in rungs 15 and 16
+def test_rung17_s_group_counts_match_its_figure(compiled):
+    """Rung 17's figure quotes the SASS of one S group and the kernel's R2UR and size, in rungs 16 and 17
     (figures/late.py S_GROUP_SASS, KERNEL_SASS): recounted here, with NVRTC 13.0 (as LOOP_SASS)."""
     from collections import Counter
 
@@ -578,8 +580,9 @@ def test_rung16_s_group_counts_match_its_figure(compiled):
         lines = sass(compiled[rungs.get(number).key].cubin).splitlines()
         insns = [m for ln in lines if (m := _INSN.match(ln))]
         assert {"R2UR": sum(m[2] == "R2UR" for m in insns), "total": len(insns)} == KERNEL_SASS[number], number
+        groups = []  # the S groups in SASS order: the peeled first tile's, then the steady loop's two
         for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
             last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
             first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
-            got = Counter(m[2] for ln in lines[first : last + 1] if (m := _INSN.match(ln)))
-            assert dict(got) == want, number
+            groups.append(dict(Counter(m[2] for ln in lines[first : last + 1] if (m := _INSN.match(ln)))))
+        assert len(groups) == 3 and groups[1] == want, (number, groups)

@@ -1,6 +1,6 @@
-"""Figures of rungs 10-16: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
+"""Figures of rungs 10-17: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
 wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale, the fast path for kept
-references, the warp-uniform warp index."""
+references, P in two A-fragment buffers, the warp-uniform warp index."""
 
 from __future__ import annotations
 
@@ -1406,17 +1406,127 @@ def rung15_path(path):
 
 # ------------------------------------------------------------------------------------------------ rung 16
 
+# One consumer warpgroup's K/V tile j in the steady loop, in schematic time units (not measured: the rung's
+# page has the measured timeline): the wait for S_j, the softmax, the pack of P_j into bf16 pairs (BLOCK_N / 4
+# F2FP per thread), the wait for P_{j-1}·V_{j-1} and the warpgroup's next turn.
+CHAIN_SOFTMAX, CHAIN_PACK, CHAIN_RESCALE = 5.0, 1.1, 0.5
+
+
+def rung16_chain(path):
+    fig, ax = new_figure(8.6, 3.3)
+    x0, unit = 1.25, 0.9
+    kv15, kv16 = facts.need(15, "KV_STEPS"), facts.need(16, "KV_STEPS")
+    lanes = [  # (y, rung, the steps after the wait for S_j)
+        (
+            2.15,
+            15,
+            [("softmax of S_j", CHAIN_SOFTMAX, YELLOW), ("wait\nP·V", 0.6, GREY), ("pack P_j", CHAIN_PACK, PACK)],
+        ),
+        (
+            0.95,
+            16,
+            [
+                ("softmax of S_j, pack P_j\ninto the other buffer", CHAIN_SOFTMAX + 0.25, YELLOW),
+                ("wait\nP·V", 0.6, GREY),
+            ],
+        ),
+    ]
+    for y, n, steps in lanes:
+        kv = kv15 if n == 15 else kv16
+        label(ax, 0.1, y + 0.28, f"rung {n}", size=8, ha="left", weight="bold")
+        label(
+            ax,
+            0.1,
+            y - 0.02,
+            f"{kv * 4} F2FP" + (" after\nthe wait" if n == 15 else " under\nP·V"),
+            size=6.5,
+            ha="left",
+        )
+        x = x0
+        for name, length, colour in steps:
+            w = length * unit * 0.9
+            box(ax, x, y - 0.05, w, 0.5, name, fc=tint(colour, 0.35), fontsize=6.6)
+            x += w
+        box(ax, x + 0.05, y - 0.05, 0.9, 0.5, "next turn:\nS_j+1, P_j·V_j", fc=tint(SKY, 0.35), fontsize=6.4)
+        # the tensor cores: P_{j-1}·V_{j-1} in flight from the turn before until its wait
+        pv_end = x0 + (CHAIN_SOFTMAX + (0.25 if n == 16 else 0)) * unit * 0.9
+        rect(ax, x0, y - 0.42, pv_end - x0, 0.24, fc=tint(GREEN, 0.4), ec=GREEN)
+        buf = "p_a" if n == 16 else "p_frag"
+        label(ax, x0 + 0.08, y - 0.30, f"tensor cores: P_j-1·V_j-1 (reads {buf})", size=6.3, ha="left")
+    title(ax, 0.1, 3.22, "After the softmax of tile j: what stands between a warpgroup and its next turn", size=9)
+    label(
+        ax,
+        0.1,
+        0.22,
+        "P_j-1·V_j-1 reads its A operand from registers until its wgmma wait, so with one buffer (rung 15) P_j is "
+        "packed after that wait;\nwith two (rung 16, p_a / p_b trading roles every tile) the F2FPs run beside the "
+        "exponentials, and only the rare O rescale follows the wait.",
+        size=6.6,
+        ha="left",
+        va="center",
+    )
+    save(fig, path)
+
+
+# BLOCK_N 176 with two P buffers: ptxas's report for that build (sm_90a, NVRTC 13.0), quoted on the page.
+TWO_P_AT_176_SPILL_BYTES = 224
+
+
+def rung16_budget(path):
+    import matplotlib.pyplot as plt
+
+    creg = facts.need(16, "CONSUMER_REGS")
+    wide, narrow = rungs.get(15).block_n, rungs.get(16).block_n
+    variants = [  # (label, rung, Rung fields changed, P buffers)
+        (f"rung 15: {wide} keys, one P", 15, {}, 1),
+        (f"two P at {wide} keys", 16, {"block_n": wide, "kv_box_rows": wide}, 2),
+        (f"rung 16: {narrow} keys, two P", 16, {}, 2),
+    ]
+    fig, ax = plt.subplots(figsize=(8.6, 2.5))
+    for yi, (_, n, change, buffers) in enumerate(variants):
+        o_t, s_t, kv = facts.need(n, "O_TILES", "S_TILES", "KV_STEPS", **change)
+        parts = [(f"O: {o_t * 4}", o_t * 4, tint(ROLE["O"], 0.35)), (f"S: {s_t * 4}", s_t * 4, tint(SKY, 0.25))]
+        parts += [(f"P: {kv * 4}", kv * 4, tint(ORANGE, 0.3 + 0.25 * b)) for b in range(buffers)]
+        left = 0
+        for text, k, colour in parts:
+            ax.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.62)
+            ax.text(left + k / 2, yi, text, ha="center", va="center", fontsize=7)
+            left += k
+        note = f"{left}, {creg - left} left" if left < creg else f"{left}: ptxas spills {TWO_P_AT_176_SPILL_BYTES} B"
+        ax.text(min(left, creg) + 3, yi, note, va="center", fontsize=7, color=VERMILLION if left >= creg else "black")
+    ax.set_yticks(range(len(variants)), [v[0] for v in variants], fontsize=7.5)
+    ax.invert_yaxis()
+    ax.axvline(creg, color=VERMILLION, lw=1, ls="--")
+    ax.set_xlim(0, 300)
+    ax.set_xlabel(
+        "32-bit registers of a consumer thread held across the loop in O, S and the P buffers (the rest: addresses, "
+        "row state)",
+        fontsize=7.5,
+    )
+    ax.set_title(
+        f"The second P buffer costs BLOCK_N / 4 registers: it fits the consumers' {creg} at {narrow}-key tiles, "
+        f"not at {wide}",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ rung 17
+
 # SASS instructions that issue one S group (from the WARPGROUP.ARRIVE before it to its last wgmma) in the steady
-# loop of the plain head_dim-128 kernels, NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`; and the whole
-# kernel's R2UR and instruction count. tests/test_build_cpu.py recounts them where cuobjdump is installed.
+# loop of the plain head_dim-128 kernels (the first of its two, unrolled by two; the kernel's first S group is
+# peeled before it), NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`; and the whole kernel's R2UR and
+# instruction count. tests/test_build_cpu.py recounts them where cuobjdump is installed.
 S_GROUP_SASS = {
-    15: {"HGMMA": 8, "R2UR": 16, "IADD3": 7, "IMAD": 7, "LOP3": 2, "SHF": 1, "UIADD3": 14, "UMOV": 9, "WARPGROUP": 1},
-    16: {"HGMMA": 8, "UIADD3": 28, "UMOV": 18, "ULOP3": 2, "USHF": 1, "WARPGROUP": 1},
+    16: {"HGMMA": 8, "R2UR": 16, "IADD3": 7, "IMAD": 8, "UIADD3": 14, "UMOV": 9, "WARPGROUP": 1},
+    17: {"HGMMA": 8, "UIADD3": 28, "UMOV": 25, "WARPGROUP": 1},
 }
-KERNEL_SASS = {15: {"R2UR": 67, "total": 2496}, 16: {"R2UR": 8, "total": 2448}}
+KERNEL_SASS = {16: {"R2UR": 139, "total": 3808}, 17: {"R2UR": 11, "total": 3672}}
 
 
-def rung16_sgroup(path):
+def rung17_sgroup(path):
     import matplotlib.pyplot as plt
 
     classes = [  # (label, opcodes, colour)
@@ -1426,7 +1536,7 @@ def rung16_sgroup(path):
         ("uniform-datapath ops", ("UIADD3", "UMOV", "ULOP3", "USHF", "WARPGROUP"), tint(GREEN, 0.35)),
     ]
     fig, ax = plt.subplots(figsize=(8.6, 2.4))
-    for yi, n in enumerate((15, 16)):
+    for yi, n in enumerate((16, 17)):
         ops, left = S_GROUP_SASS[n], 0
         for text, names, colour in classes:
             k = sum(ops.get(o, 0) for o in names)
@@ -1436,13 +1546,13 @@ def rung16_sgroup(path):
             left += k
         kern = KERNEL_SASS[n]
         ax.text(left + 1, yi, f"{left} (kernel: {kern['R2UR']} R2UR of {_fmt(kern['total'])})", va="center", fontsize=7)
-    ax.set_yticks([0, 1], ["rung 15", "rung 16"], fontsize=8)
+    ax.set_yticks([0, 1], ["rung 16", "rung 17"], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("SASS instructions that issue the 8 wgmmas of one S group (plain head_dim-128 kernel)", fontsize=7.5)
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(
-        "Issuing S = Q·Kᵀ: rung 15 moves each Q descriptor into uniform registers (2 R2UR per wgmma), rung 16 "
+        "Issuing S = Q·Kᵀ: rung 16 moves each Q descriptor into uniform registers (2 R2UR per wgmma), rung 17 "
         "keeps it there",
         loc="left",
         fontsize=8.5,
@@ -1451,12 +1561,12 @@ def rung16_sgroup(path):
     save(fig, path)
 
 
-def rung16_path(path):
+def rung17_path(path):
     fig, ax = new_figure(8.6, 2.9)
     lanes = [
         (
             1.85,
-            15,
+            16,
             [
                 ("threadIdx.x / 32", SKY),
                 ("wg, Q rows", SKY),
@@ -1468,7 +1578,7 @@ def rung16_path(path):
         ),
         (
             0.75,
-            16,
+            17,
             [
                 ("__shfl_sync(\nthreadIdx.x / 32, 0)", GREEN),
                 ("wg, Q rows", GREEN),
@@ -1590,15 +1700,29 @@ FIGURES = [
     ),
     (
         16,
-        "path",
-        rung16_path,
-        "Where the warpgroup's Q descriptor lives: in rung 15 in per-thread registers, moved by two R2UR before "
-        "each wgmma of S; in rung 16 in uniform registers, from a warp index read through __shfl_sync.",
+        "chain",
+        rung16_chain,
+        "After the softmax of K/V tile j: rung 15 packs P_j after the wait for P_{j-1}·V_{j-1}, rung 16 packs it "
+        "into the other buffer under that P·V (schematic lengths).",
     ),
     (
         16,
+        "budget",
+        rung16_budget,
+        "The registers of a consumer thread held in O, S and P: a second P buffer fits at 128-key tiles, not at "
+        "rung 15's 176.",
+    ),
+    (
+        17,
+        "path",
+        rung17_path,
+        "Where the warpgroup's Q descriptor lives: in rung 16 in per-thread registers, moved by two R2UR before "
+        "each wgmma of S; in rung 17 in uniform registers, from a warp index read through __shfl_sync.",
+    ),
+    (
+        17,
         "sgroup",
-        rung16_sgroup,
-        "The SASS instructions that issue one S group in rung 15 and rung 16, by kind (NVRTC 13.0).",
+        rung17_sgroup,
+        "The SASS instructions that issue one S group in rung 16 and rung 17, by kind (NVRTC 13.0).",
     ),
 ]

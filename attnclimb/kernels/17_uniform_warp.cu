@@ -1,8 +1,32 @@
-// Rung 17 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
+// Rung 17 — a warp-uniform warp index: the warpgroup's Q descriptor lives in uniform registers, so no wgmma
+// of S = Q·Kᵀ waits for its descriptor to be moved there.
+//
+// The idea (over rung 16): a wgmma takes its shared-memory descriptors from the uniform register file
+// (gdesc[URn] in SASS, one 64-bit pair per wgmma). The K and V descriptors of rungs 13–16 are built from
+// values the compiler knows to be uniform (the ring slot, the CTA's shared-memory base), so each wgmma adds a
+// constant to a uniform register. The Q descriptor depends on the consumer warpgroup's index, derived from
+// threadIdx.x / 32, which for the compiler is a per-thread value: it keeps the descriptor in ordinary
+// registers and moves it before every wgmma of S, two R2UR plus an IADD3 / IMAD.X / UMOV each (16 R2UR per S
+// group at head_dim 128), and the first wgmma of a turn waits for that chain. Reading the warp index through
+// __shfl_sync(…, 0) (the same value, from lane 0) tells the compiler that it is warp-uniform, so the
+// warpgroup index, its Q rows, the Q descriptor and the turn barriers' ids are uniform too. Sources: CUDA C++
+// Programming Guide, "Warp Shuffle Functions" (__shfl_sync); the SASS of rung 16 (cuobjdump), where the R2UR
+// sit; the same trick as CUTLASS's warp index helper (the idea only).
+//
+// Measured alone on rung 15 (the same change), this idea lost 0–3 % on the two-consumer-warpgroup builds and
+// 4–5 % at 512 keys, and won 1–2 % on the three-warpgroup (long-K/V) ones; on rung 16 it won 0.4–2.1 % on
+// every head-line shape in the A/B that compared the two (docs/rungs/17-uniform-warp.md).
+//
+// Everything else (P double-buffered, kept references, lazy rescale, descriptors, persistent grid, ping-pong,
+// intra-warpgroup overlap, K/V ring, tiles) is rung 16's.
+//
+// Rung 16's header, for P double-buffered:
+//
+// Rung 16 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
 // tensor cores still read P of tile j − 1 for its P·V, so the pack leaves the path between a warpgroup's
 // softmax and its next turn.
 //
-// The idea (over rung 16): in rungs 9–16 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
+// The idea (over rung 15): in rungs 9–15 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
 // registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
 // thread between the end of the softmax and the warpgroup's next turn, with nothing else to issue beside
 // them. With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack
@@ -11,32 +35,12 @@
 // registers: at 176-key tiles the consumers' 240 do not hold it (224 bytes of spills, and ptxas serialises
 // the wgmmas), so this rung's head_dim-128 tiles are 128 keys wide (FlashAttention-3's and FA4's causal and
 // FA4's non-causal tile). Where the second buffer does not fit (three consumer warpgroups at 160 registers:
-// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 16's.
+// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 15's.
 // Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
 // PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
 //
-// Everything else (uniform warp index, kept references, lazy rescale, descriptors, persistent grid,
-// ping-pong, intra-warpgroup overlap, K/V ring) is rung 16's.
-//
-// Rung 16's header, for the uniform warp index:
-//
-// Rung 16 — a warp-uniform warp index: the warpgroup's Q descriptor lives in uniform registers, so no wgmma
-// of S = Q·Kᵀ waits for its descriptor to be moved there.
-//
-// The idea (over rung 15): a wgmma takes its shared-memory descriptors from the uniform register file
-// (gdesc[URn] in SASS, one 64-bit pair per wgmma). The K and V descriptors of rungs 13–15 are built from
-// values the compiler knows to be uniform (the ring slot, the CTA's shared-memory base), so each wgmma adds a
-// constant to a uniform register. The Q descriptor depends on the consumer warpgroup's index, derived from
-// threadIdx.x / 32, which for the compiler is a per-thread value: it keeps the descriptor in ordinary
-// registers and moves it before every wgmma of S, two R2UR plus an IADD3 / IMAD.X / UMOV each (16 R2UR per S
-// group at head_dim 128), and the first wgmma of a turn waits for that chain. Reading the warp index through
-// __shfl_sync(…, 0) (the same value, from lane 0) tells the compiler that it is warp-uniform, so the
-// warpgroup index, its Q rows, the Q descriptor and the turn barriers' ids are uniform too. Sources: CUDA C++
-// Programming Guide, "Warp Shuffle Functions" (__shfl_sync); the SASS of rung 15 (cuobjdump), where the R2UR
-// sit; the same trick as CUTLASS's warp index helper (the idea only).
-//
 // Everything else (kept references, lazy rescale, descriptors, persistent grid, ping-pong, intra-warpgroup
-// overlap, K/V ring, tiles) is rung 15's.
+// overlap, K/V ring) is rung 15's.
 //
 // Rung 15's header, for the kept references:
 //

@@ -1,20 +1,22 @@
-// Rung 16 — a warp-uniform warp index: the warpgroup's Q descriptor lives in uniform registers, so no wgmma
-// of S = Q·Kᵀ waits for its descriptor to be moved there.
+// Rung 16 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
+// tensor cores still read P of tile j − 1 for its P·V, so the pack leaves the path between a warpgroup's
+// softmax and its next turn.
 //
-// The idea (over rung 15): a wgmma takes its shared-memory descriptors from the uniform register file
-// (gdesc[URn] in SASS, one 64-bit pair per wgmma). The K and V descriptors of rungs 13–15 are built from
-// values the compiler knows to be uniform (the ring slot, the CTA's shared-memory base), so each wgmma adds a
-// constant to a uniform register. The Q descriptor depends on the consumer warpgroup's index, derived from
-// threadIdx.x / 32, which for the compiler is a per-thread value: it keeps the descriptor in ordinary
-// registers and moves it before every wgmma of S, two R2UR plus an IADD3 / IMAD.X / UMOV each (16 R2UR per S
-// group at head_dim 128), and the first wgmma of a turn waits for that chain. Reading the warp index through
-// __shfl_sync(…, 0) (the same value, from lane 0) tells the compiler that it is warp-uniform, so the
-// warpgroup index, its Q rows, the Q descriptor and the turn barriers' ids are uniform too. Sources: CUDA C++
-// Programming Guide, "Warp Shuffle Functions" (__shfl_sync); the SASS of rung 15 (cuobjdump), where the R2UR
-// sit; the same trick as CUTLASS's warp index helper (the idea only).
+// The idea (over rung 15): in rungs 9–15 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
+// registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
+// thread between the end of the softmax and the warpgroup's next turn, with nothing else to issue beside
+// them. With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack
+// runs inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue
+// slots), and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4
+// registers: at 176-key tiles the consumers' 240 do not hold it (224 bytes of spills, and ptxas serialises
+// the wgmmas), so this rung's head_dim-128 tiles are 128 keys wide (FlashAttention-3's and FA4's causal and
+// FA4's non-causal tile). Where the second buffer does not fit (three consumer warpgroups at 160 registers:
+// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 15's.
+// Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
+// PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
 //
 // Everything else (kept references, lazy rescale, descriptors, persistent grid, ping-pong, intra-warpgroup
-// overlap, K/V ring, tiles) is rung 15's.
+// overlap, K/V ring) is rung 15's.
 //
 // Rung 15's header, for the kept references:
 //
@@ -103,6 +105,12 @@ typedef bf16 elem;
 #endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
+// The second P buffer (BLOCK_N / 4 registers) fits the two-consumer-warpgroup builds (240 registers each) at
+// the tiles rungs.py gives them; with three consumer warpgroups (160 registers) the pack stays after the
+// wait.
+#ifndef P_DOUBLE_BUFFER
+#define P_DOUBLE_BUFFER (NUM_THREADS == 384)
+#endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
 constexpr int CONSUMER_WGS = CONSUMER_WARPS / 4;  // 2 (head_dim 128, 256) or 3 (head_dim 64: 192-row tiles)
@@ -190,8 +198,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ __align__(8) uint64_t bar_v_empty[NUM_STAGES];  // every consumer warp is done with V
     __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
-    const int tid = threadIdx.x, lane = tid % 32;
-    const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform, and visibly so
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     TRACE_INIT();
 
@@ -521,7 +528,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             gemm_qk_async_desc<1, BLOCK_N>(s, q_desc, Q_PANEL, k_desc, KV_PANEL);
     };
 
-    uint32_t p_frag[KV_STEPS][4];         // P of the previous tile, the A operand of its P·V (in flight)
+    // P of the previous tile (the A operand of its P·V, in flight) and of this one, packed before that P·V's
+    // wait: two buffers that trade roles every K/V tile (the loop below is unrolled by two). Without the
+    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 15.
+    uint32_t p_a[KV_STEPS][4];
+#if P_DOUBLE_BUFFER
+    uint32_t p_b[KV_STEPS][4];
+#endif
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V tile number `kv` 's slot
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
 
@@ -570,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             softmax_tile(0, m_start, alpha, true);
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_a[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
         }
         int pv_slot = slot;  // ring slot and phase parity of the previous tile's V
@@ -578,10 +591,12 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         ring.advance(slot);
         ++kv;
 
-        // Each iteration issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} as two wgmma groups, waits for
-        // the first only, and runs tile nb's softmax while the tensor cores still work on P·V; then it waits
-        // for P·V, rescales O and packs P_nb for the next iteration (FlashAttention-3 Sec. 3.2).
-        for (int nb = 1; nb < num_n_blocks; ++nb, ++kv) {
+        // Each step issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} (from p_in) as two wgmma groups,
+        // waits for the first only, runs tile nb's softmax while the tensor cores still work on P·V and packs
+        // P_nb into p_out, the other buffer, still under that P·V; then it waits for P·V and rescales O
+        // (FlashAttention-3 Sec. 3.2). ptxas moves a wgmma wait as early in its basic block as the registers
+        // allow; the anchor store below, which depends on every packed word, keeps the pack above it.
+        auto step = [&](int nb, uint32_t (&p_in)[KV_STEPS][4], uint32_t (&p_out)[KV_STEPS][4]) {
             slot = kv % NUM_STAGES;
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
@@ -596,9 +611,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::mbar_wait(&bar_v[pv_slot], pv_phase);
             TRACE_END(WAIT_V);
             TRACE_BEGIN(S);
-            hop::reg_fence(p_frag);
+            hop::reg_fence(p_in);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
-            gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
             hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
@@ -609,19 +624,32 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             const bool rescale =
                 softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
+            // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
+            uint32_t folded = 0;  // XOR of the packed words, folded in as they come (two per LOP3)
+#if P_DOUBLE_BUFFER
+#pragma unroll
+            for (int ks = 0; ks < KV_STEPS; ++ks) {
+                pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+                folded = hop::xor3(folded, p_out[ks][0], p_out[ks][1]);
+                folded = hop::xor3(folded, p_out[ks][2], p_out[ks][3]);
+            }
+#endif
+            const uint32_t anchor =
+                hop::xor3(folded, __float_as_uint(row_sum[0]), __float_as_uint(row_sum[1]));
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), __uint_as_float(anchor));
             TRACE_END(SOFTMAX);
-            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
-            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
-            // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
+            // ---- the previous tile's P·V is done: release its V, rescale O ----
+            // One wait, outside the rescale branch: wgmma.wait_group is .aligned, which for wgmma means every
+            // thread of the warpgroup executes the same instruction, and the rescale vote is only
+            // warp-uniform.
             TRACE_BEGIN(PV);
             hop::wgmma_wait<0>();
             hop::reg_fence(o_acc);
-            hop::reg_fence(p_frag);
+            hop::reg_fence(p_in);
             if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
-            TRACE_END(PV);
-            TRACE_BEGIN(SOFTMAX);
-            if (rescale) {  // warp-uniform
+            if (rescale) {                                           // warp-uniform
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     o_acc[j][0] *= alpha[0];
@@ -630,13 +658,27 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                     o_acc[j][3] *= alpha[1];
                 }
             }
+#if !P_DOUBLE_BUFFER
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
-            TRACE_END(SOFTMAX);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+#endif
+            TRACE_END(PV);
             pv_slot = slot;
             pv_phase = ring.phase;
             ring.advance(slot);  // the next use of each slot is its next phase
+            ++kv;
+        };
+#if P_DOUBLE_BUFFER
+        int nb = 1;
+        for (; nb + 1 < num_n_blocks; nb += 2) {
+            step(nb, p_a, p_b);
+            step(nb + 1, p_b, p_a);
         }
+        const bool odd = nb < num_n_blocks;  // one K/V tile left: its P ends in p_b
+        if (odd) step(nb, p_a, p_b);
+#else
+        for (int nb = 1; nb < num_n_blocks; ++nb) step(nb, p_a, p_a);
+#endif
         // Every S of this work tile is complete: the producer may load the next work tile's Q now, under
         // the last P·V and the epilogue below.
         if (lane == 0) hop::mbar_arrive(&bar_q_empty);
@@ -649,9 +691,18 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::named_bar_sync(my_turn, TURN_THREADS);
         TRACE_END(WAIT_TURN);
         TRACE_BEGIN(PV);
-        hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
-        gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+#if P_DOUBLE_BUFFER
+        hop::reg_fence(p_a);
+        hop::reg_fence(p_b);
+        if (odd)
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_b, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+        else
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+#else
+        hop::reg_fence(p_a);
+        gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+#endif
         // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
         if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
             hop::named_bar_arrive(other_turn, TURN_THREADS);
