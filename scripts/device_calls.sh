@@ -85,9 +85,9 @@ case "${1:-}" in
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --rounds 4 --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 4 --no-errors \
       --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -8
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --rounds 6 --no-errors --bshd \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 6 --no-errors --bshd \
       --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
     ;;
   ab-d64)
@@ -96,7 +96,7 @@ case "${1:-}" in
     b=.ab/base; vs=(--variant "n192=$b@block_n=192,kv_box_rows=192" --variant "s3=$b@NUM_STAGES=3"
       --variant "n192s3=$b@block_n=192,kv_box_rows=192,NUM_STAGES=3" --variant "n128s3=$b@block_n=128,kv_box_rows=128,NUM_STAGES=3")
     for c in "" --causal; do
-      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
     done
     ;;
@@ -104,7 +104,7 @@ case "${1:-}" in
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     b=.ab/base; L=block_n=128,kv_box_rows=128
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 --variant "b128s2=$b@$L,NUM_STAGES=2" \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "b128s2=$b@$L,NUM_STAGES=2" \
       --variant "b128s3=$b@$L,NUM_STAGES=3" --rounds 4 --no-errors \
       --shapes 16x16x1024,8x16x2048,1x40x75600x512,16x40x1024x512 --out "$OUT/ab_short.json" 2>&1 | tail -6
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14,15 --causal --rounds 3 --no-errors \
@@ -126,7 +126,7 @@ case "${1:-}" in
     [ -d .peers/q3 ] && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15 --variant noload=.ab/noload --variant noexp=.ab/noexp \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant noload=.ab/noload --variant noexp=.ab/noexp \
       --variant nomax=.ab/nomax \
       --rounds 3 --no-errors --clocks --out "$OUT/diag$(date +%H%M%S).json" "$@" 2>&1 | tail -12
     ;;

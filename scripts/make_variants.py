@@ -1,7 +1,7 @@
 """Write the A/B variants of issue 13, generated from the current sources so that they never drift from them:
 ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``base/16_uniform_warp.cu``: the top rung's source as it is, for variants that change only ``Rung``
+* ``base/17_uniform_warp.cu``: the top rung's source as it is, for variants that change only ``Rung``
   fields after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
 * ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
   rounds it; rung 14's page), to measure what the fix costs;
