@@ -14,7 +14,7 @@
 // sit; the same trick as CUTLASS's warp index helper (the idea only).
 //
 // Measured alone on rung 15 (the same change), this idea lost 0–3 % on the two-consumer-warpgroup builds and
-// 4–5 % at 512 keys, and won 1–2 % on the three-warpgroup (long-K/V) ones; on rung 16 it won 0.4–2.1 % on
+// 4–5 % at 512 keys, and won 1–2 % on the three-warpgroup (long-K/V) ones; on rung 16 it won 0.4–2.2 % on
 // every head-line shape in the A/B that compared the two (docs/rungs/17-uniform-warp.md).
 //
 // Everything else (P double-buffered, kept references, lazy rescale, descriptors, persistent grid, ping-pong,
