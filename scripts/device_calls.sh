@@ -31,7 +31,8 @@
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "s3=.ab/base@NUM_STAGES=3", three K/V stages on the top rung's 128-key tiles, rung 17's page;
+# AB_VARIANTS (default "s3=.ab/base@NUM_STAGES=3 wgarrive=.ab/wgarrive": three K/V stages on the top rung's 128-key
+# tiles, and one arrival per consumer warpgroup on the empty barriers; predictions on rung 17's page;
 # "" for none; e.g. "lround=.ab/lround", written there by make_variants.py) names A/B variants of
 # the top rung (other folders under .ab can be carried). lround, poly2/4/8 and sleep were measured at 8ac76ca
 # (ab-exp2; rung 14's page): none kept.
@@ -67,7 +68,7 @@ case "${1:-}" in
     install_fa4 "the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
-    args=(); for v in ${AB_VARIANTS-s3=.ab/base@NUM_STAGES=3}; do
+    args=(); for v in ${AB_VARIANTS-s3=.ab/base@NUM_STAGES=3 wgarrive=.ab/wgarrive}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16,17 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12

@@ -14,6 +14,8 @@
   exponentiated on the FMA pipe (``smx::poly_exp2``) instead of MUFU.EX2;
 * ``sleep/…`` and ``sleepall/…`` + ``mbar_sleep.cuh``: the producer's mbarrier waits (or every wait) with a
   suspend-time hint (measured on rung 12: no gain, rung 12's page);
+* ``wgarrive/…`` (a candidate for the next rung, not measured): one arrival per consumer warpgroup on the
+  empty barriers instead of one per consumer warp (issue 13's "one arrival per warpgroup");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
@@ -257,6 +259,26 @@ def noexp(src: str) -> str:
 VARIANTS_OF = 14
 
 
+def wgarrive(src: str) -> str:
+    """One arrival per consumer warpgroup on the empty barriers (Q, K and V) instead of one per consumer warp
+    (issue 13's small idea; CUTLASS's TMA pipeline counts its consumers by warpgroup): the first warp of each
+    warpgroup arrives after its wgmma wait, which completes the warpgroup's wgmma, and the barriers expect
+    CONSUMER_WGS arrivals. A quarter of the arrivals, and a slot is free as soon as its last warpgroup is done."""
+    src = _sub(
+        src,
+        r"hop::mbar_init\((&bar_[qkv]_empty(?:\[st\])?), CONSUMER_WARPS\);",
+        r"hop::mbar_init(\1, CONSUMER_WGS);",
+        3,
+        regex=True,
+    )
+    return _sub(
+        src,
+        r"if \(lane == 0\) hop::mbar_arrive\((&bar_[qkv]_empty)",
+        r"if (cw % 4 == 0 && lane == 0) hop::mbar_arrive(\1",
+        regex=True,
+    )
+
+
 def nomax(src: str) -> str:
     """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
     one n8 column tile instead of all of them (the fast path's test and the l fix see that column only). Its
@@ -288,6 +310,7 @@ def main(out=".ab"):
         ("noload", noload, {}, top),
         ("noexp", noexp, {}, top),
         ("nomax", nomax, {}, top),
+        ("wgarrive", wgarrive, {}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
