@@ -20,8 +20,8 @@
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
 
-``base`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured on rung 14
-and not kept (its page), rewrite rung 14's source (``VARIANTS_OF``) and are timed with ``--rungs 14``. The
+``base``, ``wgarrive`` and the diagnostics are the top rung's (``rungs.TOP.source.name``); the others, measured
+on rung 14 and not kept (its page), rewrite rung 14's source (``VARIANTS_OF``) and are timed with ``--rungs 14``. The
 ``desc`` variant that this script wrote
 for rung 12 (its wgmma descriptors advanced by constant adds) became rung 13, ``13_const_desc.cu``; the
 generator as it was is at commit 34f912e, which the committed A/B files of ``desc`` name.
