@@ -400,6 +400,23 @@ def test_top_rung_head_dim_variants_compile(head_dim, causal, gqa, strided):
 OVERLAP_RUNGS = [r.key for r in rungs.RUNGS if r.number >= 9]
 
 
+def _softmax_windows(lines: list) -> list:
+    """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``lines``: ``(i, j)``, that wait's line and
+    the next wgmma wait's. Asserts that there is exactly one wait for P·V (``... 0x0``) between the wait for S and
+    the next wgmma: ``wgmma.wait_group`` is ``.aligned`` over the warpgroup, so it may not be copied into the
+    arms of a warp-uniform branch such as the lazy rescale's (the first rung 16 did, and compute-sanitizer's
+    synccheck failed on it)."""
+    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
+    assert waits, "no wait_group 1 in the kernel"
+    out = []
+    for i in waits:
+        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
+        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
+        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
+        out.append((i, next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])))
+    return out
+
+
 def _overlap_cases():
     from attnclimb.runtime.launch import feature_variant
 
@@ -420,18 +437,10 @@ def test_softmax_runs_under_the_pv_wgmma(case):
     the wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) the whole softmax (BLOCK_N / 2 MUFU.EX2 per thread)
     must come before the wait for P·V (``... 0x0``). ptxas is free to schedule that wait first and did
     (issue 13); ``hop::keep_above_wait`` holds it, which this checks stays true. Between the wait for S and the
-    next wgmma there is exactly one wait for P·V: ``wgmma.wait_group`` is ``.aligned`` over the warpgroup, so it
-    may not be copied into the arms of a warp-uniform branch such as the lazy rescale's (the first rung 16 did,
-    and compute-sanitizer's synccheck failed on it)."""
+    next wgmma there is exactly one wait for P·V (``_softmax_windows``)."""
     _, r = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
-    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
-    assert waits, "no wait_group 1 in the kernel"
-    for i in waits:
-        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
-        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
-        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
-        j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
+    for i, j in _softmax_windows(lines):
         assert "gsb0, 0x0" in lines[j]
         ex2 = sum("MUFU.EX2" in ln for ln in lines[i:j])
         assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"
@@ -460,17 +469,10 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
     P_{j-1}·V_{j-1}, into the buffer that P·V does not read: every steady-loop window between those waits holds
     the whole pack. Where the second buffer does not fit (three consumer warpgroups: head_dim 64, the long-K/V
     tiles), and in rung 15, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
-    exactly one wait for P·V: wgmma.wait_group is .aligned, so it may not sit in the arms of the warp-uniform
-    rescale branch (two waits there broke compute-sanitizer's synccheck on the first version of this idea)."""
+    exactly one wait for P·V (``_softmax_windows``)."""
     _, r, double = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
-    waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
-    assert waits, "no wait_group 1 in the kernel"
-    for i in waits:
-        nxt = next(j for j in range(i + 1, len(lines)) if "HGMMA" in lines[j])
-        pv_waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln for ln in lines[i:nxt])
-        assert pv_waits == 1, f"{pv_waits} waits for P·V between the wait for S and the next wgmma"
-        j = next(j for j in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR" in lines[j])
+    for i, j in _softmax_windows(lines):
         packs = sum("F2FP" in ln and "PACK_AB" in ln for ln in lines[i:j])
         # (an fp16 build also rounds the l fix's two P with F2FP.F16: at most 2 more, on both sides of the wait)
         if double:
@@ -533,18 +535,23 @@ def test_rung15_row_max_reduction_behind_a_vote(compiled):
     assert "VOTE.ALL" not in w14 and "SHFL.BFLY" in w14
 
 
-def _s_issue_r2ur(text: str) -> list:
-    """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``text``: the R2UR among the instructions
-    that issue the S = Q·Kᵀ wgmmas before it (the run of HGMMAs without ``tnspB``, P·V's V operand, from the
-    WARPGROUP.ARRIVE in front of it)."""
-    lines = text.splitlines()
+def _s_groups(lines: list) -> list:
+    """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``lines``, in SASS order: ``(first,
+    last)``, the lines of the WARPGROUP.ARRIVE and the last wgmma of the S = Q·Kᵀ group before it (the run of
+    HGMMAs without ``tnspB``, P·V's V operand)."""
     out = []
     for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
         last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
         first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
         assert not any("tnspB" in ln for ln in lines[first:last]), "a P·V wgmma inside the S group"
-        out.append(sum("R2UR" in ln for ln in lines[first:last]))
+        out.append((first, last))
     return out
+
+
+def _s_issue_r2ur(text: str) -> list:
+    """Per S group of the SASS ``text`` (``_s_groups``): the R2UR among the instructions that issue it."""
+    lines = text.splitlines()
+    return [sum("R2UR" in ln for ln in lines[first:last]) for first, last in _s_groups(lines)]
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
@@ -580,9 +587,9 @@ def test_rung17_s_group_counts_match_its_figure(compiled):
         lines = sass(compiled[rungs.get(number).key].cubin).splitlines()
         insns = [m for ln in lines if (m := _INSN.match(ln))]
         assert {"R2UR": sum(m[2] == "R2UR" for m in insns), "total": len(insns)} == KERNEL_SASS[number], number
-        groups = []  # the S groups in SASS order: the peeled first tile's, then the steady loop's two
-        for w in (i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln):
-            last = max(i for i in range(w) if "HGMMA" in lines[i] and "tnspB" not in lines[i])
-            first = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
-            groups.append(dict(Counter(m[2] for ln in lines[first : last + 1] if (m := _INSN.match(ln)))))
+        # the S groups in SASS order: the peeled first tile's, then the steady loop's two
+        groups = [
+            dict(Counter(m[2] for ln in lines[first : last + 1] if (m := _INSN.match(ln))))
+            for first, last in _s_groups(lines)
+        ]
         assert len(groups) == 3 and groups[1] == want, (number, groups)
