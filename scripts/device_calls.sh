@@ -10,6 +10,7 @@
 #                                           rung 17 and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
+#   bash scripts/device_calls.sh ab-top     (no carry, ~5 min) the top rung against s3, wgarrive, sleep (and pdb0 causal)
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
@@ -84,6 +85,18 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --find-links .peers/video diffusers imageio-ffmpeg imageio &&
       PYTHONPATH=.:$PYTHONPATH python3 -m attnclimb capstone --config wan2.1-1.3b --out "$OUT" 2>&1 | tee "$OUT/capstone-1.3b.log" | tail -20
     ;;
+  ab-top)    # (no carry, ~5 min) the top rung against its candidate variants (predictions on its page): three K/V
+             # stages, one arrival per consumer warpgroup, the producer's waits with a suspend hint; causal with
+             # one P buffer too; head_dim 64 for the arrivals
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    vs=(--variant "s3=.ab/base@NUM_STAGES=3" --variant wgarrive=.ab/wgarrive --variant sleep=.ab/sleeptop)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 3 \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_top.json" 2>&1 | tail -14
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --variant "pdb0=.ab/base@P_DOUBLE_BUFFER=0" --causal \
+      --rounds 3 --no-errors --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_top_causal.json" 2>&1 | tail -7
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP --variant wgarrive=.ab/wgarrive --head-dim 64 --rounds 3 --no-errors \
+      --shapes 4x32x4096,1x32x16384 --out "$OUT/ab_top_d64.json" 2>&1 | tail -4
+    ;;
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
@@ -137,6 +150,6 @@ case "${1:-}" in
 json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
       python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
     ;;
-  *) sed -n 2,29p "$0"; exit 2 ;;
+  *) sed -n 2,30p "$0"; exit 2 ;;
 esac
 rm -f "$OUT/.start"

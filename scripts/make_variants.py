@@ -311,6 +311,7 @@ def main(out=".ab"):
         ("noexp", noexp, {}, top),
         ("nomax", nomax, {}, top),
         ("wgarrive", wgarrive, {}, top),
+        ("sleeptop", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
