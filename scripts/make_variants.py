@@ -279,6 +279,40 @@ def wgarrive(src: str) -> str:
     )
 
 
+def vfirst(src: str) -> str:
+    """The wait for the previous tile's V before the turn's named barrier instead of between the S and the P·V
+    wgmmas of the turn (the trace shows 130-220 ns there, with V landed long before): the two wgmma groups of a
+    turn are issued back to back, and the other warpgroup's turn comes that much earlier."""
+    wait_v = (
+        "            TRACE_BEGIN(WAIT_V);\n"
+        "            hop::mbar_wait(&bar_v[pv_slot], pv_phase);\n"
+        "            TRACE_END(WAIT_V);\n"
+    )
+    src = _sub(src, "            TRACE_END(S);\n" + wait_v + "            TRACE_BEGIN(S);\n", "", 1)
+    k_wait = (
+        "            slot = kv % NUM_STAGES;\n"
+        "            TRACE_BEGIN(WAIT_K);\n"
+        "            hop::mbar_wait(&bar_k[slot], ring.phase);\n"
+        "            TRACE_END(WAIT_K);\n"
+    )
+    return _sub(src, k_wait, k_wait + wait_v, 1)
+
+
+def latearrive(src: str) -> str:
+    """The turn handed to the other warpgroup after this one's S group is complete (after wgmma.wait_group 1)
+    rather than right after issuing: the other warpgroup's wgmmas are issued while this one's P·V runs, not
+    while they would queue behind both of its groups."""
+    src = _sub(
+        src,
+        "            hop::named_bar_arrive(other_turn, TURN_THREADS);\n"
+        "            hop::wgmma_wait<1>();                                 // the older group, S, is complete\n",
+        "            hop::wgmma_wait<1>();                                 // the older group, S, is complete\n"
+        "            hop::named_bar_arrive(other_turn, TURN_THREADS);\n",
+        1,
+    )
+    return src
+
+
 def nomax(src: str) -> str:
     """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
     one n8 column tile instead of all of them (the fast path's test and the l fix see that column only). Its
@@ -312,6 +346,8 @@ def main(out=".ab"):
         ("nomax", nomax, {}, top),
         ("wgarrive", wgarrive, {}, top),
         ("sleeptop", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, top),
+        ("vfirst", vfirst, {}, top),
+        ("latearrive", latearrive, {}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
