@@ -58,7 +58,10 @@ case "${1:-}" in
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "16 17"
+    if [ -n "${SANITIZE:-}" ]; then   # e.g. SANITIZE="features 15;fp16 15": those sets instead of the top rung's
+      IFS=';' read -ra sets <<<"$SANITIZE"; a=(); for x in "${sets[@]}"; do a+=(sanitize "$x"); done
+      bash scripts/device_job.sh "${a[@]}"
+    else bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "16 17"; fi
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15,16,17 --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
@@ -73,7 +76,8 @@ case "${1:-}" in
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16,17 "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
-    bash scripts/device_job.sh ncu "r17 rung17 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"
+    if [ -n "${SKIP_NCU:-}" ]; then bash scripts/device_job.sh bench "--rounds 2"   # SKIP_NCU=1: the bench only
+    else bash scripts/device_job.sh ncu "r17 rung17 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"; fi
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
     install_fa4 "the bench runs without it"
