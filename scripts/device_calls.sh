@@ -5,12 +5,12 @@
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 16-17
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature and fp16 variants of the
 #                                           rung below the top
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of rungs 15, 16 and 17 and
+#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of the top three rungs and
 #                                           make_variants.py's variants, with FA4 in the same run, ncu of
 #                                           rung 17 and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
-#   bash scripts/device_calls.sh ab-top     (no carry, ~5 min) the top rung against s3, wgarrive, sleep (and pdb0 causal)
+#   bash scripts/device_calls.sh ab-17      (no carry, ~5 min) rung 17 against s3, wgarrive, sleep (and pdb0 causal)
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
@@ -32,11 +32,10 @@
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
-# AB_VARIANTS (default "s3=.ab/base@NUM_STAGES=3 wgarrive=.ab/wgarrive": three K/V stages on the top rung's 128-key
-# tiles, and one arrival per consumer warpgroup on the empty barriers; predictions on rung 17's page;
-# "" for none; e.g. "lround=.ab/lround", written there by make_variants.py) names A/B variants of
-# the top rung (other folders under .ab can be carried). lround, poly2/4/8 and sleep were measured at 8ac76ca
-# (ab-exp2; rung 14's page): none kept.
+# AB_VARIANTS (default none; e.g. "s3=.ab/base@NUM_STAGES=3" or "lround=.ab/lround", written there by
+# make_variants.py) names A/B variants of the top rung for `peers` (other folders under .ab can be carried).
+# lround, poly2/4/8 and sleep were measured at 8ac76ca (ab-exp2; rung 14's page), s3, wgarrive, sleep, vfirst and
+# latearrive on rung 17 (ab-17; its page): none kept.
 set -uo pipefail
 # git on the device reports the checkout the session started in (HEAD and "-dirty"), not the tree sent:
 # the commit recorded in every JSON comes from ATTNCLIMB_GIT_COMMIT, which each call must set.
@@ -54,15 +53,15 @@ install_fa4() {
 case "${1:-}" in
   verify)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
-    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-16 17}"
+    bash scripts/device_job.sh info test all trace "${TRACE_RUNGS:-$TOP}"
     ;;
   sanitize)   # between verify and peers (the machine keeps /tmp/fa4 while warm)
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
     if [ -n "${SANITIZE:-}" ]; then   # e.g. SANITIZE="features 15;fp16 15": those sets instead of the top rung's
       IFS=';' read -ra sets <<<"$SANITIZE"; a=(); for x in "${sets[@]}"; do a+=(sanitize "$x"); done
       bash scripts/device_job.sh "${a[@]}"
-    else bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "16 17"; fi
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 15,16,17 --causal --rounds 3 --no-errors \
+    else bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "$((TOP - 1)) $TOP"; fi
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $((TOP - 2)),$((TOP - 1)),$TOP --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
   sanitize-below)   # (no carry) compute-sanitizer on the feature and fp16 variants of the rung below the top
@@ -72,12 +71,12 @@ case "${1:-}" in
     install_fa4 "the A/B and the bench run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab || echo "make_variants failed: the A/B runs without its variants"
-    args=(); for v in ${AB_VARIANTS-s3=.ab/base@NUM_STAGES=3 wgarrive=.ab/wgarrive}; do
+    args=(); for v in ${AB_VARIANTS-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 15,16,17 "${args[@]}" --rounds 3 \
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $((TOP - 2)),$((TOP - 1)),$TOP "${args[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
     if [ -n "${SKIP_NCU:-}" ]; then bash scripts/device_job.sh bench "--rounds 2"   # SKIP_NCU=1: the bench only
-    else bash scripts/device_job.sh ncu "r17 rung17 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"; fi
+    else bash scripts/device_job.sh ncu "r$TOP rung$TOP 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"; fi
     ;;
   peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
     install_fa4 "the bench runs without it"
@@ -89,16 +88,16 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --find-links .peers/video diffusers imageio-ffmpeg imageio &&
       PYTHONPATH=.:$PYTHONPATH python3 -m attnclimb capstone --config wan2.1-1.3b --out "$OUT" 2>&1 | tee "$OUT/capstone-1.3b.log" | tail -20
     ;;
-  ab-top)    # (no carry, ~5 min) the top rung against its candidate variants (predictions on its page): three K/V
+  ab-17)     # (no carry, ~5 min) the fourth session's A/B of rung 17 (its page, "Tried on this rung"): three K/V
              # stages, one arrival per consumer warpgroup, the producer's waits with a suspend hint; causal with
-             # one P buffer too; head_dim 64 for the arrivals
+             # one P buffer too; head_dim 64 for the arrivals (vfirst and latearrive: --variant vfirst=.ab/vfirst)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    vs=(--variant "s3=.ab/base@NUM_STAGES=3" --variant wgarrive=.ab/wgarrive --variant sleep=.ab/sleeptop)
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 3 \
+    vs=(--variant "s3=.ab/base17@NUM_STAGES=3" --variant wgarrive=.ab/wgarrive --variant sleep=.ab/sleeptop)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 "${vs[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_top.json" 2>&1 | tail -14
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --variant "pdb0=.ab/base@P_DOUBLE_BUFFER=0" --causal \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 "${vs[@]}" --variant "pdb0=.ab/base17@P_DOUBLE_BUFFER=0" --causal \
       --rounds 3 --no-errors --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_top_causal.json" 2>&1 | tail -7
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP --variant wgarrive=.ab/wgarrive --head-dim 64 --rounds 3 --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 --variant wgarrive=.ab/wgarrive --head-dim 64 --rounds 3 --no-errors \
       --shapes 4x32x4096,1x32x16384 --out "$OUT/ab_top_d64.json" 2>&1 | tail -4
     ;;
   ab-l2)

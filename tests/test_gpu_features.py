@@ -424,3 +424,36 @@ def test_fp16_rung12_smoke(shape, causal, with_lse):
     _check_f16(o, q, k, v, sc, causal, lse)
     o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=with_lse, rung=rungs.get(12))
     _check_f16(o, q, k, v, sc, causal, lse)
+
+
+def _o_at_offset(shape, dtype, offset_bytes):
+    """A contiguous NaN-filled O of ``shape`` whose first element lies ``offset_bytes`` past a fresh allocation
+    (256-byte aligned): 0 and 16 allow 16-byte stores of O, 4 only 4-byte ones."""
+    n = math.prod(shape)
+    pad = offset_bytes // torch.tensor([], dtype=dtype).element_size()
+    return torch.full((n + pad,), float("nan"), device="cuda", dtype=dtype)[pad:].view(shape)
+
+
+@pytest.mark.parametrize("offset_bytes", [0, 4, 16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_output_alignment_paths(offset_bytes, head_dim, dtype):
+    """The top rung writes O wherever run_rung accepts a contiguous O: 16-byte aligned or only 4-byte aligned (a
+    kernel that stores 16-byte chunks must fall back to narrower stores there), at every head_dim and in both
+    dtypes, with a ragged last m-block, and nothing written before O."""
+    g = torch.Generator(device="cuda").manual_seed(1000 + offset_bytes + head_dim)
+    b, h, sq, sk = 2, 3, 333, 517
+    q, k, v = (torch.randn(b, h, s, head_dim, device="cuda", generator=g).to(dtype) for s in (sq, sk, sk))
+    o = _o_at_offset((b, h, sq, head_dim), dtype, offset_bytes)
+    assert o.is_contiguous() and o.data_ptr() % 16 == offset_bytes % 16
+    run_rung(TOP, q, k, v, o, 1.0 / math.sqrt(head_dim))
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} output elements unwritten or NaN"
+    err = rel_l2(o, attention_exact(q, k, v))
+    assert err <= TOL, f"offset {offset_bytes} B, head_dim {head_dim}, {dtype}: rel L2 {err:.3e}"
+    # the elements before O (the padding) are not written
+    base = o.view(-1)
+    pad = offset_bytes // o.element_size()
+    if pad:
+        before = torch.as_strided(base, (pad,), (1,), base.storage_offset() - pad)
+        assert torch.isnan(before).all(), "the kernel wrote before O"

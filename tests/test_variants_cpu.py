@@ -139,8 +139,8 @@ def test_wgarrive_rewrites_the_empty_barriers(tmp_path):
     """wgarrive (a candidate, not measured): the Q, K and V empty barriers expect one arrival per consumer
     warpgroup, and every arrival on them comes from the first warp of a warpgroup; nothing else changes."""
     _load().main(str(tmp_path))
-    top = rungs.TOP.source.read_text()
-    var = (tmp_path / "wgarrive" / rungs.TOP.source.name).read_text()
+    top = rungs.get(17).source.read_text()  # make_variants.VARIANTS_OF_17: measured on rung 17
+    var = (tmp_path / "wgarrive" / rungs.get(17).source.name).read_text()
     assert var.count(", CONSUMER_WGS);") == 3 and top.count("_empty[st], CONSUMER_WARPS);") == 2
     arrivals = [ln for ln in var.splitlines() if "hop::mbar_arrive(&bar_" in ln and "_empty" in ln]
     assert arrivals and all("cw % 4 == 0 && lane == 0" in ln for ln in arrivals)
@@ -151,7 +151,7 @@ def test_wgarrive_rewrites_the_empty_barriers(tmp_path):
 def test_wgarrive_compiles_without_spills(tmp_path, head_dim):
     """Two consumer warpgroups at head_dim 128, three at 64 (CONSUMER_WGS arrivals either way)."""
     _load().main(str(tmp_path))
-    r = feature_variant(rungs.TOP, False, False, False, head_dim=head_dim)
-    c = compile_source(r, (tmp_path / "wgarrive" / rungs.TOP.source.name).read_text())
+    r = feature_variant(rungs.get(17), False, False, False, head_dim=head_dim)
+    c = compile_source(r, (tmp_path / "wgarrive" / rungs.get(17).source.name).read_text())
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
