@@ -266,7 +266,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14, 15, 16, 17]  # the rungs that carry the FP16 variant (17 is rungs.TOP)
+FP16_RUNGS = [r.number for r in rungs.RUNGS if "fp16" in r.features]  # the rungs that carry the FP16 variant
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):

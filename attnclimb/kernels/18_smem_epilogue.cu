@@ -863,8 +863,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
 #endif
 #pragma unroll O_COPY_UNROLL
-        for (int it = 0; it < WARP_ROWS * O_CHUNKS / 32; ++it) {
-            const int r = it * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
+        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
+            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
             const uint4 chunk =
                 *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
             const int row = m_start + cw * WARP_ROWS + r;
