@@ -6,18 +6,18 @@
 // (4 bytes) per store: a warp's store covers 8 rows × 16 bytes, touches 8 lines and half-fills each sector,
 // and a thread issues HEAD_DIM / 4 of them (32 at head_dim 128). Measured on rung 17 at 512 keys (its page,
 // "Measured timeline at 512 keys"), that epilogue takes 1.5 µs per warpgroup and work tile, 13–15 % of the
-// period, and the other warpgroup's next turn waits for it. Here the accumulator's n8 tiles, packed in pairs,
-// are exactly stmatrix's 8 × 8 fragments (PTX ISA "stmatrix"): HEAD_DIM / 16 stmatrix.x4 per thread put the
-// warp's rows into its own 16 × HEAD_DIM staging rows, 16-byte chunks XOR-swizzled by row so that neither the
-// stmatrix nor the row reads conflict on banks; a __syncwarp, then each lane reads 16-byte chunks back
-// (LDS.128) and stores them (STG.128), HEAD_DIM / 16 of each per thread, every instruction whole lines. The
-// warp needs nothing from the others (no named barrier), and the staging tile costs BLOCK_M × HEAD_DIM × 2
-// bytes of shared memory: 32 KB at head_dim 128, 24 KB for the 192-row head_dim-64 tiles, 48 KB for the
-// long-K/V tiles. At head_dim 256 it would not fit (64 KB on top of 193 KB), so that build keeps rung 17's
-// stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte multiples (a caller's own buffer),
-// the same rows go out in 4-byte stores (a warp-uniform branch). Sources: FlashAttention-3's and FA4's
-// epilogues (O staged in shared memory before the store; the idea only), PTX ISA "stmatrix", CUDA C++ Best
-// Practices Guide "Coalesced Access to Global Memory".
+// period, and both warpgroups' epilogues overlap, so the tensor cores wait for them. Here the accumulator's
+// n8 tiles, packed in pairs, are exactly stmatrix's 8 × 8 fragments (PTX ISA "stmatrix"): HEAD_DIM / 16
+// stmatrix.x4 per thread put the warp's rows into its own 16 × HEAD_DIM staging rows, 16-byte chunks
+// XOR-swizzled by row so that neither the stmatrix nor the row reads conflict on banks; a __syncwarp, then
+// each lane reads 16-byte chunks back (LDS.128) and stores them (STG.128), HEAD_DIM / 16 of each per thread,
+// every instruction whole lines. The warp needs nothing from the others (no named barrier), and the staging
+// tile costs BLOCK_M × HEAD_DIM × 2 bytes of shared memory: 32 KB at head_dim 128, 24 KB for the 192-row
+// head_dim-64 tiles, 48 KB for the long-K/V tiles. At head_dim 256 it would not fit (64 KB on top of 193 KB),
+// so that build keeps rung 17's stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte
+// multiples (a caller's own buffer), the same rows go out in 4-byte stores (a warp-uniform branch). Sources:
+// FlashAttention-3's and FA4's epilogues (O staged in shared memory before the store; the idea only), PTX ISA
+// "stmatrix", CUDA C++ Best Practices Guide "Coalesced Access to Global Memory".
 //
 // Everything else (the uniform warp index, P double-buffered, kept references, lazy rescale, descriptors,
 // persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 17's.
