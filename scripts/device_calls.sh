@@ -2,12 +2,12 @@
 # The device calls of one GPU session, each one short command for the device tool (2 000 characters at
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
-#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and rungs 16-17
+#   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and the top two rungs
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature and fp16 variants of the
 #                                           rung below the top
 #   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of the top three rungs and
 #                                           make_variants.py's variants, with FA4 in the same run, ncu of
-#                                           rung 17 and FA4, the full bench
+#                                           the top rung and FA4, the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-17      (no carry, ~5 min) rung 17 against s3, wgarrive, sleep (and pdb0 causal)

@@ -136,8 +136,8 @@ def test_diagnostics_compile_without_spills(tmp_path, name):
 
 
 def test_wgarrive_rewrites_the_empty_barriers(tmp_path):
-    """wgarrive (a candidate, not measured): the Q, K and V empty barriers expect one arrival per consumer
-    warpgroup, and every arrival on them comes from the first warp of a warpgroup; nothing else changes."""
+    """wgarrive (measured on rung 17, not kept: its page): the Q, K and V empty barriers expect one arrival per
+    consumer warpgroup, and every arrival on them comes from the first warp of a warpgroup; nothing else changes."""
     _load().main(str(tmp_path))
     top = rungs.get(17).source.read_text()  # make_variants.VARIANTS_OF_17: measured on rung 17
     var = (tmp_path / "wgarrive" / rungs.get(17).source.name).read_text()
