@@ -92,7 +92,7 @@ case "${1:-}" in
              # stages, one arrival per consumer warpgroup, the producer's waits with a suspend hint; causal with
              # one P buffer too; head_dim 64 for the arrivals (vfirst and latearrive: --variant vfirst=.ab/vfirst)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    vs=(--variant "s3=.ab/base17@NUM_STAGES=3" --variant wgarrive=.ab/wgarrive --variant sleep=.ab/sleeptop)
+    vs=(--variant "s3=.ab/base17@NUM_STAGES=3" --variant wgarrive=.ab/wgarrive --variant sleep=.ab/sleep17)
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 "${vs[@]}" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_top.json" 2>&1 | tail -14
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 "${vs[@]}" --variant "pdb0=.ab/base17@P_DOUBLE_BUFFER=0" --causal \
