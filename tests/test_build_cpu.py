@@ -266,7 +266,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14, 15, 16, 17]  # the rungs that carry the FP16 variant (17 is rungs.TOP)
+FP16_RUNGS = [r.number for r in rungs.RUNGS if "fp16" in r.features]  # the rungs that carry the FP16 variant
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
@@ -593,3 +593,29 @@ def test_rung17_s_group_counts_match_its_figure(compiled):
             for first, last in _s_groups(lines)
         ]
         assert len(groups) == 3 and groups[1] == want, (number, groups)
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung18_epilogue_counts_match_its_figure(compiled):
+    """Rung 18's figure quotes the epilogue's memory instructions per thread (figures/late.py EPILOGUE_SASS): rung
+    17 stores O as 32 four-byte STG.E and nothing wider; rung 18 stages it with 8 stmatrix.x4 and stores it as 8
+    STG.E.128 (its 4-byte fallback for unaligned O is a second copy of the row loop: 32 STG.E, and the row loads
+    appear once per copy)."""
+    from collections import Counter
+
+    from attnclimb.figures.late import EPILOGUE_SASS
+
+    ops = {
+        n: Counter(
+            m[2] + m[3].split(" ")[0]
+            for ln in sass(compiled[rungs.get(n).key].cubin).splitlines()
+            if (m := _INSN.match(ln))
+        )
+        for n in (17, 18)
+    }
+    assert ops[17]["STG.E"] == EPILOGUE_SASS[17]["STG.E"] and not ops[17]["STG.E.128"] and not ops[17]["STSM.16.M88.4"]
+    want = EPILOGUE_SASS[18]
+    assert ops[18]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[18]
+    assert ops[18]["STG.E.128"] == want["STG.E.128"], ops[18]
+    assert ops[18]["LDS.128"] >= want["LDS.128"], ops[18]
+    assert ops[18]["STG.E"] == EPILOGUE_SASS[17]["STG.E"], ops[18]  # the fallback copy only

@@ -1614,6 +1614,100 @@ def rung17_path(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 18
+
+# The epilogue's memory instructions per consumer thread in the plain head_dim-128 kernels (the 16-byte path of
+# rung 18; its 4-byte fallback for unaligned O is a second copy of the row loop), NVRTC 13.0, sm_90a, from
+# `cuobjdump -sass`; tests/test_build_cpu.py recounts them where cuobjdump is installed.
+EPILOGUE_SASS = {17: {"STG.E": 32}, 18: {"STSM.16.M88.4": 8, "LDS.128": 8, "STG.E.128": 8}}
+LINE_BYTES = 128
+
+
+def _epilogue_lines(n: int) -> int:
+    """128-byte lines a warp's epilogue stores touch, summed over its store instructions (head_dim 128)."""
+    if n == 17:  # a warp's 4-byte store covers 8 rows x 16 bytes: 8 lines
+        return EPILOGUE_SASS[17]["STG.E"] * 8
+    return EPILOGUE_SASS[18]["STG.E.128"] * 32 * 16 // LINE_BYTES  # 32 lanes x 16 contiguous bytes
+
+
+def rung18_count(path):
+    import matplotlib.pyplot as plt
+
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.6, 2.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    kinds = [
+        ("STG.E (4 B)", "STG.E", tint(VERMILLION, 0.45)),
+        ("STSM (stmatrix.x4)", "STSM.16.M88.4", tint(PURPLE, 0.45)),
+        ("LDS.128", "LDS.128", tint(SKY, 0.45)),
+        ("STG.E.128 (16 B)", "STG.E.128", tint(GREEN, 0.45)),
+    ]
+    for yi, n in enumerate((17, 18)):
+        left = 0
+        for text, op, colour in kinds:
+            k = EPILOGUE_SASS[n].get(op, 0)
+            if k:
+                a0.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.6, label=text)
+                a0.text(left + k / 2, yi, str(k), ha="center", va="center", fontsize=7)
+            left += k
+        lines = _epilogue_lines(n)
+        a1.barh(yi, lines, color=tint(VERMILLION if n == 17 else GREEN, 0.45), edgecolor="white", height=0.6)
+        a1.text(lines + 4, yi, str(lines), va="center", fontsize=7)
+    for ax in (a0, a1):
+        ax.set_yticks([0, 1], ["rung 17", "rung 18"], fontsize=8)
+        ax.invert_yaxis()
+        ax.tick_params(labelsize=7)
+    a0.set_xlim(0, 60)
+    a0.set_xlabel("memory instructions per thread in the epilogue (head_dim 128)", fontsize=7.5)
+    a0.legend(fontsize=6.5, frameon=False, loc="center right")
+    a1.set_xlim(0, 300)
+    a1.set_xlabel("128-byte lines its stores touch, per warp and work tile", fontsize=7.5)
+    fig.suptitle(
+        "Storing a warp's 16 rows of O: 32 scattered 4-byte stores (rung 17) against stmatrix, a row read and "
+        "16-byte stores (rung 18)",
+        x=0.01,
+        ha="left",
+        fontsize=8.5,
+    )
+    save(fig, path)
+
+
+def rung18_rows(path):
+    fig, ax = new_figure(8.6, 3.1)
+    chunks, rows, cw, ch = 16, 16, 0.2, 0.12
+    panels = [
+        (0.3, "rung 17: one STG.E of a warp (8 lanes x 4 B per row)", lambda r, c: r < 8 and c == 0, VERMILLION),
+        (4.6, "rung 18: one STG.E.128 of a warp (16 lanes x 16 B per row)", lambda r, c: r < 2, GREEN),
+    ]
+    for x0, text, hit, colour in panels:
+        label(ax, x0, 2.78, text, size=7.2, ha="left")
+        for r in range(rows):
+            for c in range(chunks):
+                y = 2.5 - (r + 1) * ch
+                fc = tint(colour, 0.45) if hit(r, c) else "white"
+                rect(ax, x0 + c * cw, y, cw, ch, fc=fc, ec="#BBBBBB", lw=0.4)
+        # 128-byte line boundaries: every 8 chunks of a 256-byte row
+        for c in (0, 8, 16):
+            ax.plot([x0 + c * cw] * 2, [2.5 - rows * ch, 2.5], color="#333333", lw=0.9)
+        label(
+            ax,
+            x0 + chunks * cw / 2,
+            2.5 - rows * ch - 0.13,
+            "256-byte rows of O (16 chunks of 16 B; | = 128-byte line)",
+            size=6.5,
+        )
+    label(
+        ax,
+        0.3,
+        0.18,
+        "Rung 17's store touches 8 lines and half of each 32-byte sector it writes; 32 of them per thread. Rung 18 "
+        "first puts the rows into shared memory\nwith stmatrix (the accumulator's n8 tiles are its 8 x 8 "
+        "fragments), then each store writes two whole rows: four full lines, 8 per thread.",
+        size=6.6,
+        ha="left",
+        va="center",
+    )
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1724,5 +1818,19 @@ FIGURES = [
         "sgroup",
         rung17_sgroup,
         "The SASS instructions that issue one S group in rung 16 and rung 17, by kind (NVRTC 13.0).",
+    ),
+    (
+        18,
+        "rows",
+        rung18_rows,
+        "What one store instruction of a warp writes: in rung 17 16 bytes of 8 rows (8 lines), in rung 18 two "
+        "whole rows (4 full lines), after the rows were staged in shared memory.",
+    ),
+    (
+        18,
+        "count",
+        rung18_count,
+        "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 17 "
+        "against rung 18 (head_dim 128, SASS of NVRTC 13.0).",
     ),
 ]
