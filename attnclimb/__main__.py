@@ -11,7 +11,7 @@ from pathlib import Path
 
 DESCRIPTION = "A ladder of attention forward kernels for NVIDIA Hopper: compile, compare, benchmark and report them."
 EPILOG = """examples:
-  python -m attnclimb build --strict     compile every rung for sm_90a, fail on any spill
+  python -m attnclimb build --strict     compile every rung for sm_90a, fail on any spill or serialised wgmma
   python -m attnclimb diff 7             what rung 8 adds to rung 7 (its .cu diff and its rungs.py entry)
   python -m attnclimb bench --quick      time the rungs and the peers (needs a Hopper GPU)
   python -m attnclimb report             README table, rung pages and chart from the latest results
@@ -26,13 +26,14 @@ EPILOG = """examples:
 def _cmd_build(args) -> int:
     from . import rungs
     from .runtime import CompileError, compile_rung
+    from .runtime.compiler import SERIALIZED_WGMMA
 
     selected = [rungs.get(n) for n in args.rung] if args.rung else list(rungs.RUNGS)
     if args.trace:  # the TRACE=1 builds of the instrumented rungs (attnclimb/kernels/trace.cuh)
         from .trace import instrumented, traced
 
         selected = [traced(r) for r in selected if instrumented(r)]
-    rows, failed = [], []
+    rows, failed, serialized = [], [], []
     for r in selected:
         try:
             c = compile_rung(r, arch=args.arch, use_cache=not args.no_cache)
@@ -56,6 +57,8 @@ def _cmd_build(args) -> int:
                     f"{c.compile_seconds:.2f}" + (" (cached)" if c.cached else ""),
                 )
             )
+        if SERIALIZED_WGMMA in c.log:  # ptxas C7513/C7515...: every wgmma of the kernel waits for itself
+            serialized.append(r.key)
         if args.verbose:
             print(c.log)
     from .runtime.compiler import nvrtc_version
@@ -68,9 +71,11 @@ def _cmd_build(args) -> int:
     spills = [row for row in rows if row[5]]
     if spills:
         print(f"spills in: {', '.join(f'{r[0]}:{r[1]}' for r in spills)}", file=sys.stderr)
+    if serialized:
+        print(f"ptxas serialised the wgmmas of: {', '.join(serialized)} (-v prints why)", file=sys.stderr)
     if failed:
         print(f"failed to compile: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed or (spills and args.strict) else 0
+    return 1 if failed or ((spills or serialized) and args.strict) else 0
 
 
 def _cmd_bench(args) -> int:
@@ -251,7 +256,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="compile again even when the kernel cache holds a cubin (and refresh the cache)",
     )
-    b.add_argument("--strict", action="store_true", help="exit non-zero on any spill")
+    b.add_argument(
+        "--strict", action="store_true", help="exit non-zero on any spill or wgmmas serialised by ptxas (C7513, C7515)"
+    )
     b.add_argument(
         "--trace",
         action="store_true",

@@ -8,6 +8,7 @@ import pytest
 
 from attnclimb import rungs
 from attnclimb.runtime import CompileError, compile_rung, parse_ptxas_log
+from attnclimb.runtime.compiler import SERIALIZED_WGMMA
 from attnclimb.runtime.sass import find_cuobjdump, sass, sass_digest
 
 RUNG_IDS = [r.key for r in rungs.RUNGS]
@@ -28,6 +29,7 @@ def test_compiles_without_spills(compiled, key):
         assert res.stack_frame == 0, f"{key}:{res.kernel} uses a {res.stack_frame}-byte stack frame\n{c.log}"
         assert res.registers <= 255
     assert c.rung.smem_bytes + max(r.static_smem for r in c.resources) <= 227 * 1024
+    assert SERIALIZED_WGMMA not in c.log, f"{key}: ptxas serialised its wgmmas\n{c.log}"
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
@@ -229,6 +231,7 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
         assert res.registers == launch_regs(r.threads)  # the setmaxnreg pool (see the next test)
         assert r.smem_bytes + res.static_smem <= 227 * 1024
+    assert SERIALIZED_WGMMA not in c.log, c.log
     if find_cuobjdump() is not None:
         text = sass(c.cubin)
         assert not re.search(r"\b(LDL|STL)\b", text)
@@ -296,6 +299,7 @@ def test_top_rung_fp16_variants_compile(case, number):
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
         assert res.registers == launch_regs(r.threads)
         assert r.smem_bytes + res.static_smem <= 227 * 1024
+    assert SERIALIZED_WGMMA not in c.log, c.log
     if find_cuobjdump() is not None:
         text = sass(c.cubin)
         assert not re.search(r"\b(LDL|STL)\b", text)
@@ -393,6 +397,7 @@ def test_top_rung_head_dim_variants_compile(head_dim, causal, gqa, strided):
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     assert r.smem_bytes + max(res.static_smem for res in c.resources) <= 227 * 1024
+    assert SERIALIZED_WGMMA not in c.log, c.log
     with pytest.raises(ValueError, match="head_dim 96"):
         feature_variant(rungs.TOP, False, False, False, False, 96)
 

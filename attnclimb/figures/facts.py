@@ -151,10 +151,17 @@ def turn_barriers(number: int) -> dict:
     arrives once before the first turn and on which barrier, which warpgroup always arrives after its
     last turn (the other skips its last arrival), and how many places issue wgmmas behind a turn."""
     text = rungs.get(number).source.read_text()
-    ids = re.search(r"my_turn\s*=\s*(\d+)\s*\+\s*wg,\s*other_turn\s*=\s*(\d+)\s*-\s*wg;", text)
+    # Rungs 14+ also have a three-warpgroup ring (head_dim 64, long K/V): read its two-warpgroup arm.
+    ids = re.search(
+        r"my_turn\s*=\s*(\d+)\s*\+\s*wg,\s*other_turn\s*=\s*(?:CONSUMER_WGS == 2 \? )?(\d+)\s*-\s*wg[;\s]", text
+    )
     threads = re.search(r"constexpr\s+uint32_t\s+TURN_THREADS\s*=\s*([^;]+);", text)
-    pre = re.search(r"if \(wg == (\d)\) hop::named_bar_arrive\((\d), TURN_THREADS\);", text)
-    last = re.search(r"if \(wg == (\d)(?: \|\|[^)]*)?\) hop::named_bar_arrive\(other_turn, TURN_THREADS\);", text)
+    pre = re.search(r"if \(wg == (\d|CONSUMER_WGS - 1)\) hop::named_bar_arrive\((\d), TURN_THREADS\);", text)
+    last = re.search(
+        r"if \(\(?(?:CONSUMER_WGS == 2 \? )?wg == (\d)(?: :[^)]*\))?(?: \|\|[^;]*)?\)\s*"
+        r"hop::named_bar_arrive\(other_turn, TURN_THREADS\);",
+        text,
+    )
     if not (ids and threads and pre and last):
         raise ValueError(f"{rungs.get(number).source.name}: the ping-pong turns changed form (figures/facts.py)")
     base, top = int(ids.group(1)), int(ids.group(2))
@@ -162,7 +169,7 @@ def turn_barriers(number: int) -> dict:
         "my_turn": (base, base + 1),  # the barrier each warpgroup waits on (bar.sync) ...
         "other_turn": (top, top - 1),  # ... and the one it arrives on (bar.arrive)
         "threads": _eval(threads.group(1), {}),
-        "pre_arrive_wg": int(pre.group(1)),
+        "pre_arrive_wg": 1 if pre.group(1) == "CONSUMER_WGS - 1" else int(pre.group(1)),
         "pre_arrive_bar": int(pre.group(2)),
         "last_arrive_wg": int(last.group(1)),
         # rung 11+: the other warpgroup skips only the last arrival of the kernel, not of each work tile

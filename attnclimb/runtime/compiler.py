@@ -119,6 +119,12 @@ _RE_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 _RE_REGS = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
+# What ptxas prints (C7510-C7515, "Potential Performance Loss: ... due to <reason>") when it cannot prove a
+# wgmma pipeline safe and makes every wgmma of the kernel wait for itself: correct, but no GEMM overlaps
+# anything. `build --strict` and the build tests fail on it.
+SERIALIZED_WGMMA = "wgmma.mma_async instructions are serialized"
+
+
 def parse_ptxas_log(log: str) -> tuple:
     """Resources per entry function from ``ptxas -v`` output (registers, smem, stack, spills)."""
     out, cur, frame = [], None, (0, 0, 0)
