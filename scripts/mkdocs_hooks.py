@@ -36,20 +36,27 @@ _origin: dict = {}  # site src_uri -> the repository file its Markdown comes fro
 
 
 def _links(markdown: str):
-    """(start, end, target) of each inline link or image outside fenced code blocks."""
-    pos, fence = 0, None
+    """(start, end, target) of each inline link or image outside fenced code blocks (a link's text may wrap
+    onto the next line: each run of lines between fences is searched as one)."""
+    pos, fence, run_start = 0, None, 0
+
+    def run(end):
+        for lm in LINK.finditer(markdown, run_start, end):
+            yield lm.start(2), lm.end(2), lm.group(2)
+
     for line in markdown.splitlines(keepends=True):
         m = FENCE.match(line)
         if m:
             mark = m.group(1)
             if fence is None:
+                yield from run(pos)
                 fence = mark
             elif mark[0] == fence[0] and len(mark) >= len(fence):
                 fence = None
-        elif fence is None:
-            for lm in LINK.finditer(line):
-                yield pos + lm.start(2), pos + lm.end(2), lm.group(2)
+                run_start = pos + len(line)
         pos += len(line)
+    if fence is None:
+        yield from run(pos)
 
 
 def _is_relative(target: str) -> bool:

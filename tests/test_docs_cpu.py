@@ -50,6 +50,9 @@ def test_links_in_code_blocks_are_left_alone():
     hooks = _hooks()
     md = 'see [k](../x.cu)\n```\n[not](a link)\n```\n~~~~\n[nor](this)\n~~~~\n![img](y.png "t")\n'
     assert [t for _, _, t in hooks._links(md)] == ["../x.cu", "y.png"]
+    # a link whose text wraps onto the next line (the README had one: the site build then failed on its target)
+    md = "as [rung 17's\npage](docs/rungs/17.md) says;\n```\n[a\nb](c)\n```\n"
+    assert [(md[a:b], t) for a, b, t in hooks._links(md)] == [("docs/rungs/17.md", "docs/rungs/17.md")]
     assert not hooks._is_relative("https://example.org/a.md")
     assert not hooks._is_relative("#anchor")
     assert hooks._is_relative("../../attnclimb/kernels/05_tma.cu")
