@@ -178,6 +178,10 @@ SMEM_LAYOUTS = {
     "swizzled_ring": lambda bm, bn, st, d=HEAD_DIM: _tile_bytes(bm, d) + st * 2 * _tile_bytes(bn, d),
     # rungs 5+: the same behind 1 KB of alignment slack
     "tma_ring": tma_smem_bytes,
+    # rung 18+: and a BLOCK_M x head_dim staging tile for O where it fits (head_dim <= 128; SMEM_EPILOGUE)
+    "tma_ring_staged_o": lambda bm, bn, st, d=HEAD_DIM: (
+        tma_smem_bytes(bm, bn, st, d) + (bm * d * BF16_BYTES if d <= 128 else 0)
+    ),
 }
 
 
@@ -437,6 +441,27 @@ RUNGS: tuple[Rung, ...] = (
         number=17,
         name="uniform_warp",
         idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
+    ),
+    # Rung 17's kernel with O staged in shared memory (stmatrix) and stored as whole 16-byte chunks per lane: the
+    # same tiles, features and head_dims; a BLOCK_M x head_dim staging tile where it fits (head_dim <= 128: 32 KB
+    # at 128, 197 632 B in all; head_dim 256 keeps rung 17's stores and layout, so its build has no STSM, which is
+    # why STSM is not in sass_required: tests/test_build_cpu.py counts it in the plain kernel). 34 816 B of the
+    # 227 KB are left at head_dim 128: 176-key tiles or 3 stages no longer fit there.
+    replace(
+        _P_DOUBLE_BUFFER,
+        number=18,
+        name="smem_epilogue",
+        idea="the epilogue through shared memory: O staged with stmatrix, stored in whole 128-byte lines",
+        smem_layout="tma_ring_staged_o",
+    ),
+    # Rung 18's kernel with the next work tile's first S issued before the epilogue (two-consumer-warpgroup builds):
+    # rung 18's launch in every respect.
+    replace(
+        _P_DOUBLE_BUFFER,
+        number=19,
+        name="early_s0",
+        idea="the next work tile's first S issued before the epilogue, which runs under it; Q released at the last S",
+        smem_layout="tma_ring_staged_o",
     ),
 )
 

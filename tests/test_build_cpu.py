@@ -269,7 +269,7 @@ FP16_CASES = [
 ]
 
 
-FP16_RUNGS = [12, 13, 14, 15, 16, 17]  # the rungs that carry the FP16 variant (17 is rungs.TOP)
+FP16_RUNGS = [r.number for r in rungs.RUNGS if "fp16" in r.features]  # the rungs that carry the FP16 variant
 
 
 def _fp16_variant(causal, gqa, lse, strided, head_dim, seqlen_k, number=None, fp16=True):
@@ -598,3 +598,121 @@ def test_rung17_s_group_counts_match_its_figure(compiled):
             for first, last in _s_groups(lines)
         ]
         assert len(groups) == 3 and groups[1] == want, (number, groups)
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung18_epilogue_counts_match_its_figure(compiled):
+    """Rung 18's figure quotes the epilogue's memory instructions per thread (figures/late.py EPILOGUE_SASS): rung
+    17 stores O as 32 four-byte STG.E and nothing wider; rung 18 stages it with 8 stmatrix.x4 and stores it as 8
+    STG.E.128 (its 4-byte fallback for unaligned O is a second copy of the row loop: 32 STG.E, and the row loads
+    appear once per copy)."""
+    from collections import Counter
+
+    from attnclimb.figures.late import EPILOGUE_SASS
+
+    ops = {
+        n: Counter(
+            m[2] + m[3].split(" ")[0]
+            for ln in sass(compiled[rungs.get(n).key].cubin).splitlines()
+            if (m := _INSN.match(ln))
+        )
+        for n in (17, 18)
+    }
+    assert ops[17]["STG.E"] == EPILOGUE_SASS[17]["STG.E"] and not ops[17]["STG.E.128"] and not ops[17]["STSM.16.M88.4"]
+    want = EPILOGUE_SASS[18]
+    assert ops[18]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[18]
+    assert ops[18]["STG.E.128"] == want["STG.E.128"], ops[18]
+    assert ops[18]["LDS.128"] >= want["LDS.128"], ops[18]
+    assert ops[18]["STG.E"] == EPILOGUE_SASS[17]["STG.E"], ops[18]  # the fallback copy only
+
+
+def _stores_under_a_wgmma(text: str) -> int:
+    """Epilogue stores (STSM, STG) that the SASS ``text`` places between a wgmma (HGMMA) and the next wgmma wait
+    (WARPGROUP.DEPBAR): the stores that run while the tensor cores still compute."""
+    n, in_flight = 0, False
+    for ln in text.splitlines():
+        if "HGMMA" in ln:
+            in_flight = True
+        elif "WARPGROUP.DEPBAR" in ln:
+            in_flight = False
+        elif in_flight and re.search(r"\b(STSM|STG)\b", ln):
+            n += 1
+    return n
+
+
+def _early_s0_cases():
+    from attnclimb.runtime.launch import feature_variant
+
+    r18, r19 = rungs.get(18), rungs.get(19)
+    two = [("plain", r19), ("causal-gqa-lse-strided", feature_variant(r19, True, True, True, True))]
+    two += [("hd256", feature_variant(r19, False, False, False, head_dim=256))]
+    two += [("fp16-causal", feature_variant(r19, True, False, False, fp16=True))]
+    two += [("fp16-hd64", feature_variant(r19, False, False, False, head_dim=64, fp16=True))]  # two warpgroups
+    three = [("hd64", feature_variant(r19, False, False, False, head_dim=64))]
+    three += [("long-kv", feature_variant(r19, False, False, False, seqlen_k=r19.long_kv[0]))]
+    return [(k, r, True) for k, r in two] + [(k, r, False) for k, r in three] + [("rung18", r18, False)]
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("case", _early_s0_cases(), ids=lambda c: c[0])
+def test_rung19_stores_o_under_the_next_first_s(case):
+    """Rung 19's two-consumer-warpgroup builds issue the next work tile's first S before the epilogue and wait for
+    it after: the whole epilogue's stores (8 STSM and 8 + 32 STG at head_dim 128; 64 STG at head_dim 256, whose
+    stores stay rung 17's) sit between that group's HGMMAs and its wait (the fp16 head_dim-64 build has two
+    warpgroups too). Rung 18, and rung 19's three-warpgroup builds (bf16 head_dim 64, long K/V: EARLY_S0 0), store
+    O only after every wgmma was waited for."""
+    _, r, early = case
+    text = sass(compile_rung(r, "sm_90a").cubin)
+    under = _stores_under_a_wgmma(text)
+    if not early:
+        assert under == 0, under
+        return
+    stores = len(re.findall(r"\b(?:STSM|STG)\S*", text))
+    lse = r.defines().get("WRITE_LSE", 0)
+    # every store of O (one copy of the epilogue: the other runs where no next work tile exists) ...
+    assert under >= (stores - (2 if lse else 0)) // 2, (under, stores)
+    # ... and at least the stmatrix of one copy at head_dim 128 (64 4-byte STG at head_dim 256)
+    want = {"STSM": r.head_dim // 16} if r.head_dim <= 128 else {"STG": r.head_dim // 4}
+    assert under >= next(iter(want.values())), (under, want)
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_rung19_boundary_order_matches_its_figure(compiled):
+    """Rung 19's figure (figures/late.py BOUNDARY_ORDER) gives the end of a work tile in program order; its SASS
+    has that stretch: the next S's HGMMAs (8 per copy of the negate branch), the turn passed on (BAR.ARV), then
+    the epilogue's STSM, LDS.128 and STG.E.128 in the figure's counts, then the wait (WARPGROUP.DEPBAR), and no
+    wgmma wait between the HGMMAs and the stores."""
+    from collections import Counter
+
+    from attnclimb.figures.late import BOUNDARY_ORDER
+
+    order = BOUNDARY_ORDER[19]
+    ops = [
+        m[2] + m[3].split(" ")[0]
+        for ln in sass(compiled[rungs.get(19).key].cubin).splitlines()
+        if (m := _INSN.match(ln))
+    ]
+
+    def under_a_wgmma(i):  # scanning back from ops[i], a wgmma comes before any wgmma wait
+        back = (op for op in reversed(ops[:i]) if op.startswith(("HGMMA", "WARPGROUP.DEPBAR")))
+        return next(back, "").startswith("HGMMA")
+
+    # the epilogue copy that runs under the next S (the other one, for the CTA's last work tile, runs after a wait)
+    stsm = [i for i, op in enumerate(ops) if op.startswith("STSM")]
+    early = [i for i in stsm if under_a_wgmma(i)]
+    assert len(early) * 2 == len(stsm), (stsm, early)
+    first_stsm = early[0]
+    start = max(i for i in range(first_stsm) if ops[i].startswith("HGMMA"))
+    while ops[start - 1].startswith("HGMMA") or not ops[start - 1].startswith(("WARPGROUP.DEPBAR", "BAR.SYNC")):
+        start -= 1  # back over the S group's HGMMAs (both negate copies) to the turn taken before them
+    end = next(i for i in range(first_stsm, len(ops)) if ops[i].startswith("WARPGROUP.DEPBAR"))
+    stretch = ops[start:end]
+    hgmma = sum(op.startswith("HGMMA") for op in stretch)
+    assert hgmma and hgmma % 8 == 0 and all(op.startswith("HGMMA") for op in stretch if "HGMMA" in op), stretch
+    arv = max(i for i, op in enumerate(stretch) if op.startswith("BAR.ARV"))
+    assert arv < first_stsm - start
+    assert max(i for i, op in enumerate(stretch) if op.startswith("HGMMA")) < arv
+    counts = Counter(stretch)
+    for op, count, _ in order[order.index(next(e for e in order if e[0] == "BAR.ARV")) + 1 : -1]:
+        # (the 4-byte fallback for unaligned O reads the rows again: LDS.128 at least the figure's count)
+        assert counts[op] == count or (op == "LDS.128" and counts[op] >= count), (op, counts[op], count)

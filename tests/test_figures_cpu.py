@@ -46,7 +46,9 @@ def test_rung_pages_from_5_up_show_a_measured_timeline():
             continue
         name = f"rung{r.number:02d}"
         page = (root / r.page).read_text()
-        if r is rungs.TOP and "timeline not yet measured" in page.lower():
+        # the top rung, or a rung prepared without a GPU above the last one measured (rungs 18-19 at first)
+        unmeasured = r is rungs.TOP or "prepared without a GPU, not measured" in page
+        if unmeasured and "timeline not yet measured" in page.lower():
             assert f"python -m attnclimb trace {r.number}" in page, r.page
             continue
         assert f"](../figures/timelines/{name}.png)" in page, r.page
@@ -147,6 +149,24 @@ def test_persistent_model_loads_the_next_work_tile_early():
     assert two["end"] < 2 * one["end"]
     with pytest.raises(ValueError, match="one work tile per CTA"):
         late.consumer_program(10, 0, n, 2)
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 4])
+def test_rung19_model_issues_the_next_s_before_the_epilogue(n_tiles):
+    """Rung 19's order in the toy model: the same turns as rung 18's, the next work tile's S0 on the tensor cores
+    before the warpgroup's epilogue ends (rung 18: after it), Q released at the work tile's last S (before its last
+    softmax), and the two work tiles done no later than in rung 18."""
+    models = late.boundary_models(n_tiles)
+    turns = {n: [(w, op, b) for w, op, b, _ in m["events"] if op in ("sync", "arrive")] for n, m in models.items()}
+    assert sorted(turns[18]) == sorted(turns[19])
+    for n, m in models.items():
+        epi = next((t0, t1) for st, t0, t1 in m["lanes"]["wg0"] if st == ("alu", "epilogue"))
+        s0 = next(t0 for st, t0, _ in m["lanes"]["tc0"] if st == ("tc", "S0'"))
+        assert (s0 < epi[1]) == (n == 19), (n, s0, epi)
+        q_release = next(t for w, op, b, t in m["events"] if w == 0 and op == "release" and b == "Q0")
+        last_softmax = next(t0 for st, t0, _ in m["lanes"]["wg0"] if st == ("softmax", f"softmax {n_tiles - 1}"))
+        assert (q_release <= last_softmax) == (n == 19), (n, q_release, last_softmax)
+    assert models[19]["end"] <= models[18]["end"]
 
 
 def test_svg_structure_ignores_coordinates_not_labels():

@@ -234,6 +234,17 @@ __device__ __forceinline__ void keep_above_wait(uint32_t slot, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(slot), "f"(x) : "memory");
 }
 
+// Four 8 x 8 matrices of 16-bit elements from the warp's registers to shared memory (PTX ISA "stmatrix",
+// sm_90): register i of each thread holds two elements of matrix i, row lane / 4, columns 2 (lane % 4) and
+// 2 (lane % 4) + 1, which is the layout of an mma / wgmma accumulator's n8 tile once packed in pairs; lanes
+// 8i .. 8i + 7 give the shared-memory addresses of matrix i's rows 0-7 (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(row_addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // a ^ b ^ c in one LOP3, written as PTX so that the compiler keeps the order of a running XOR as the source
 // gives it (re-associated, a fold of values that come one after another can start from the last of them).
 __device__ __forceinline__ uint32_t xor3(uint32_t a, uint32_t b, uint32_t c) {
