@@ -454,15 +454,6 @@ RUNGS: tuple[Rung, ...] = (
         idea="the epilogue through shared memory: O staged with stmatrix, stored in whole 128-byte lines",
         smem_layout="tma_ring_staged_o",
     ),
-    # Rung 18's kernel with the next work tile's first S issued before the epilogue (two-consumer-warpgroup builds):
-    # rung 18's launch in every respect.
-    replace(
-        _P_DOUBLE_BUFFER,
-        number=19,
-        name="early_s0",
-        idea="the next work tile's first S issued before the epilogue, which runs under it; Q released at the last S",
-        smem_layout="tma_ring_staged_o",
-    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}

@@ -151,24 +151,6 @@ def test_persistent_model_loads_the_next_work_tile_early():
         late.consumer_program(10, 0, n, 2)
 
 
-@pytest.mark.parametrize("n_tiles", [1, 2, 4])
-def test_rung19_model_issues_the_next_s_before_the_epilogue(n_tiles):
-    """Rung 19's order in the toy model: the same turns as rung 18's, the next work tile's S0 on the tensor cores
-    before the warpgroup's epilogue ends (rung 18: after it), Q released at the work tile's last S (before its last
-    softmax), and the two work tiles done no later than in rung 18."""
-    models = late.boundary_models(n_tiles)
-    turns = {n: [(w, op, b) for w, op, b, _ in m["events"] if op in ("sync", "arrive")] for n, m in models.items()}
-    assert sorted(turns[18]) == sorted(turns[19])
-    for n, m in models.items():
-        epi = next((t0, t1) for st, t0, t1 in m["lanes"]["wg0"] if st == ("alu", "epilogue"))
-        s0 = next(t0 for st, t0, _ in m["lanes"]["tc0"] if st == ("tc", "S0'"))
-        assert (s0 < epi[1]) == (n == 19), (n, s0, epi)
-        q_release = next(t for w, op, b, t in m["events"] if w == 0 and op == "release" and b == "Q0")
-        last_softmax = next(t0 for st, t0, _ in m["lanes"]["wg0"] if st == ("softmax", f"softmax {n_tiles - 1}"))
-        assert (q_release <= last_softmax) == (n == 19), (n, q_release, last_softmax)
-    assert models[19]["end"] <= models[18]["end"]
-
-
 def test_svg_structure_ignores_coordinates_not_labels():
     svg = (
         b'<svg><path d="M 0 0 L 1 1" style="fill: #56b4e9"/><text x="1" y="2">S = Q</text>'

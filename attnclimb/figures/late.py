@@ -72,23 +72,13 @@ def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *,
         if loads:
             prog.extend(ops)
 
-    # Rung 19+: the next work tile's first S before the epilogue, Q released at the work tile's last S.
-    early = number >= 19
-
-    def first_s(it, kv):
-        need(("wait_load", f"Q{it}"))
-        need(("wait_load", f"K{kv}"))  # tile 0 is peeled: S only, then wait_group 0
-        prog.extend([("sync", my), ("issue", "S0" + "'" * it), ("arrive", other)])
-
     kv = 0
     for it in range(work_tiles):
         tag = "'" * it  # the second work tile's tiles are K0', V0', ...
-        if not (early and it):
-            first_s(it, kv)
-            prog.append(("wait", 0))
+        need(("wait_load", f"Q{it}"))
+        need(("wait_load", f"K{kv}"))  # tile 0 is peeled: S only, then wait_group 0
+        prog += [("sync", my), ("issue", f"S0{tag}"), ("arrive", other), ("wait", 0)]
         need(("release", f"K{kv}"))
-        if early and q_empty and n_tiles == 1:
-            need(("release", f"Q{it}"))
         prog += [("softmax", f"softmax 0{tag}"), ("alu", f"pack P0{tag}")]
         for j in range(1, n_tiles):
             kv += 1
@@ -97,12 +87,10 @@ def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *,
             need(("wait_load", f"V{kv - 1}"))
             prog += [("issue", f"P{j - 1}·V{j - 1}{tag}"), ("arrive", other), ("wait", 1)]
             need(("release", f"K{kv}"))
-            if early and q_empty and j == n_tiles - 1:
-                need(("release", f"Q{it}"))  # the work tile's last S is complete
             prog += [("softmax", f"softmax {j}{tag}"), ("wait", 0)]
             need(("release", f"V{kv - 1}"))
             prog.append(("alu", f"O·α, P{j}{tag}"))
-        if q_empty and not early:
+        if q_empty:
             need(("release", f"Q{it}"))  # every S of this work tile is complete
         need(("wait_load", f"V{kv}"))
         prog += [("sync", my), ("issue", f"P{n_tiles - 1}·V{n_tiles - 1}{tag}")]
@@ -110,12 +98,8 @@ def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *,
             prog.append(("arrive", other))
         prog.append(("wait", 0))
         need(("release", f"V{kv}"))
+        prog.append(("alu", "epilogue"))
         kv += 1
-        if early and it < work_tiles - 1:  # the next work tile's S runs under this epilogue
-            first_s(it + 1, kv)
-            prog += [("alu", "epilogue"), ("wait", 0)]
-        else:
-            prog.append(("alu", "epilogue"))
     return prog
 
 
@@ -1724,179 +1708,6 @@ def rung18_rows(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 19
-
-
-def boundary_models(n_tiles: int, work_tiles: int = 2) -> dict:
-    """The toy model of one CTA of rungs 18 and 19 over ``work_tiles`` work tiles of ``n_tiles`` K/V tiles:
-    ``{18: model, 19: model}`` (see :func:`simulate`)."""
-    return {
-        n: simulate(
-            [consumer_program(n, w, n_tiles, work_tiles) for w in (0, 1)], producer_program(n, n_tiles, work_tiles)
-        )
-        for n in (18, 19)
-    }
-
-
-def rung19_boundary(path):
-    r = rungs.get(19)
-    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
-    models = boundary_models(n_tiles)
-    span = max(m["end"] for m in models.values())
-    x0, x1 = 1.2, 9.45
-    unit = (x1 - x0) / float(span)
-    fig, ax = new_figure(9.6, 5.3)
-    title(
-        ax,
-        0.1,
-        5.25,
-        f"Rung 19 vs rung 18: two work tiles of {n_tiles} K/V tiles ({shapes.WAN_TEXT_TOKENS} keys) on one SM "
-        "(toy model; not measured)",
-    )
-    names = (
-        ("Q", "Q"),
-        ("K0", "K slot 0"),
-        ("K1", "K slot 1"),
-        ("V0", "V slot 0"),
-        ("V1", "V slot 1"),
-        ("wg0", "consumer WG 0"),
-        ("wg1", "consumer WG 1"),
-        ("tc", "tensor cores"),
-    )
-    heads = {
-        18: "rung 18: last P·V → epilogue → wait for Q' → S0' (Q released after the last softmax)",
-        19: "rung 19: last P·V → S0' issued → epilogue under it (Q released at the last S)",
-    }
-    for n, top in ((18, 4.65), (19, 2.45)):
-        label(ax, 0.1, top + 0.25, heads[n], size=7.8, weight="bold", ha="left")
-        ys = _draw_cta(ax, models[n], x0, top, unit, 0, n_tiles, r.stages)
-        for key, text in names:
-            big = key in ("wg0", "wg1", "tc")
-            label(ax, x0 - 0.08, ys[key], text, size=6.8 if big else 6.2, ha="right")
-        end = x0 + float(models[n]["end"]) * unit
-        ax.plot([end] * 2, [ys["tc"] - 0.12, top + 0.15], color=VERMILLION, lw=0.9, ls="--")
-    saved = models[18]["end"] - models[19]["end"]
-    label(
-        ax,
-        x0 + float(models[19]["end"]) * unit - 0.05,
-        2.45 + 0.25,
-        f"{float(saved):g} unit{'' if saved == 1 else 's'} sooner",
-        size=6.6,
-        ha="right",
-        color=VERMILLION,
-    )
-    ly = 0.42
-    items = [
-        ("TMA load in flight", tint(GREY, 0.7), "////"),
-        ("tile in shared memory", tint(GREY, 0.3), None),
-        ("S", PHASE_COLOURS["S"], None),
-        ("softmax", PHASE_COLOURS["softmax"], None),
-        ("P·V", PHASE_COLOURS["PV"], None),
-        ("O *= α, pack P", PACK, None),
-        ("epilogue", PHASE_COLOURS["epilogue"], None),
-        ("wait", PHASE_COLOURS["wait"], None),
-    ]
-    x = 0.1
-    for text, colour, hatch in items:
-        rect(ax, x, ly - 0.06, 0.16, 0.12, fc=colour, ec="#555555", lw=0.4, hatch=hatch)
-        label(ax, x + 0.2, ly, text, size=6.3, ha="left")
-        x += 0.32 + 0.052 * len(text)
-    ax.plot([x + 0.05], [ly], marker="D", ms=3.2, color=VERMILLION)
-    label(ax, x + 0.14, ly, "arrives on q_empty", size=6.3, ha="left")
-    label(
-        ax,
-        0.1,
-        0.14,
-        f"Units as in rung 10's figure: S {S_LEN}, P·V {PV_LEN}, softmax {SOFTMAX_LEN}, epilogue {EPILOGUE_LEN}, a "
-        f"load {LOAD_LEN}. Both rungs take the same turns in the same order; the tensor cores run groups in issue "
-        "order.",
-        size=6.4,
-        ha="left",
-        color="#444444",
-    )
-    save(fig, path)
-
-
-# The code at a work-tile boundary of the plain head_dim-128 kernel, per consumer thread, in program order: (SASS
-# opcode, count, what it does). Rung 19's order is checked against its SASS (tests/test_build_cpu.py); rung 18's
-# S'_0 sits at the top of its loop in the SASS, so there the order is the source's.
-BOUNDARY_ORDER = {
-    18: [
-        ("HGMMA", 8, "last P·V"),
-        ("WARPGROUP.DEPBAR", 1, "wait"),
-        ("STSM.16.M88.4", 8, "O → staging rows"),
-        ("LDS.128", 8, "rows back"),
-        ("STG.E.128", 8, "O → global"),
-        ("SYNCS", 2, "wait Q', K'0"),
-        ("BAR.SYNC", 1, "turn"),
-        ("HGMMA", 8, "S'0"),
-        ("BAR.ARV", 1, "pass"),
-        ("WARPGROUP.DEPBAR", 1, "wait"),
-    ],
-    19: [
-        ("HGMMA", 8, "last P·V"),
-        ("WARPGROUP.DEPBAR", 1, "wait"),
-        ("SYNCS", 2, "wait Q', K'0"),
-        ("BAR.SYNC", 1, "turn"),
-        ("HGMMA", 8, "S'0"),
-        ("BAR.ARV", 1, "pass"),
-        ("STSM.16.M88.4", 8, "O → staging rows"),
-        ("LDS.128", 8, "rows back"),
-        ("STG.E.128", 8, "O → global"),
-        ("WARPGROUP.DEPBAR", 1, "wait"),
-    ],
-}
-
-
-def rung19_order(path):
-    fig, ax = new_figure(9.6, 2.6)
-    colours = {
-        "HGMMA": PHASE_COLOURS["S"],
-        "WARPGROUP.DEPBAR": PHASE_COLOURS["wait"],
-        "SYNCS": PHASE_COLOURS["wait"],
-        "BAR.SYNC": tint(VERMILLION, 0.6),
-        "BAR.ARV": tint(VERMILLION, 0.6),
-        "STSM.16.M88.4": tint(PURPLE, 0.45),
-        "LDS.128": tint(SKY, 0.45),
-        "STG.E.128": tint(GREEN, 0.45),
-    }
-    short = {"WARPGROUP.DEPBAR": "DEPBAR", "STSM.16.M88.4": "STSM", "STG.E.128": "STG.128"}
-    x0, unit, gap = 1.0, 0.1, 0.03
-    for n, y in ((18, 1.75), (19, 0.85)):
-        label(ax, x0 - 0.1, y + 0.17, f"rung {n}", size=7.8, weight="bold", ha="right")
-        x, spans = x0, {}
-        for i, (op, count, text) in enumerate(BOUNDARY_ORDER[n]):
-            w = max(count, 6) * unit
-            colour = PHASE_COLOURS["PV"] if op == "HGMMA" and text.endswith("P·V") else colours[op]
-            text = f"{text}\n{count} {short.get(op, op)}"
-            box(ax, x, y, w, 0.34, text, fc=colour, fontsize=5.6, rounded=False, lw=0.4)
-            spans[i] = (x, x + w)
-            x += w + gap
-        # S'0 in flight on the tensor cores: from its wgmmas to the wait for it
-        first = next(i for i, (op, _, t) in enumerate(BOUNDARY_ORDER[n]) if t == "S'0")
-        xa, xb = spans[first][0], spans[len(BOUNDARY_ORDER[n]) - 1][0]
-        arrow(ax, xa, y - 0.1, xb, y - 0.1, style="-|>", color=BLUE, lw=0.9, mutation=6)
-        text = "S'0 on the tensor cores; the warpgroup " + ("stores O meanwhile" if n == 19 else "only waits")
-        label(ax, xa, y - 0.22, text, size=6.2, ha="left", color=BLUE)
-    title(
-        ax,
-        0.1,
-        2.5,
-        "The end of a work tile in program order, per consumer thread (plain head_dim-128 kernel)",
-    )
-    label(
-        ax,
-        0.1,
-        0.28,
-        "Box widths ~ instruction counts (at least 6). Rung 18 issues the next work tile's S'0 after the epilogue, "
-        "rung 19 before it; between the two, rung 18 also leaves the loop and re-enters it.",
-        size=6.4,
-        ha="left",
-        color="#444444",
-    )
-    save(fig, path)
-
-
 FIGURES = [
     (
         10,
@@ -2021,19 +1832,5 @@ FIGURES = [
         rung18_count,
         "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 17 "
         "against rung 18 (head_dim 128, SASS of NVRTC 13.0).",
-    ),
-    (
-        19,
-        "boundary",
-        rung19_boundary,
-        "A work-tile boundary in the toy model: rung 18 issues the next work tile's first S after its epilogue, "
-        "rung 19 before it, so the tensor cores compute it while the warpgroup stores O.",
-    ),
-    (
-        19,
-        "order",
-        rung19_order,
-        "The end of a work tile in program order, per consumer thread: rung 19 issues the next work tile's first S "
-        "before the epilogue's stmatrix and stores and waits for it after them.",
     ),
 ]
