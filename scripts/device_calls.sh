@@ -11,6 +11,9 @@
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-17      (no carry, ~5 min) rung 17 against s3, wgarrive, sleep (and pdb0 causal)
+#   bash scripts/device_calls.sh ab-18     (no carry, ~5 min) rung 17 against rung 18 with the SM clock and power sampled
+#                                           (why rung 18 gains +3 % where its epilogue is 1 % of the time: rung 18's page),
+#                                           and rung 18 against wgarrive18 and vfirst18 (make_variants.VARIANTS_OF_18), causal too
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
@@ -99,6 +102,16 @@ case "${1:-}" in
       --rounds 3 --no-errors --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_top_causal.json" 2>&1 | tail -7
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17 --variant wgarrive=.ab/wgarrive --head-dim 64 --rounds 3 --no-errors \
       --shapes 4x32x4096,1x32x16384 --out "$OUT/ab_top_d64.json" 2>&1 | tail -4
+    ;;
+  ab-18)
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    sh=16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18 --clocks --rounds 3 --no-errors --shapes 16x16x1024,1x16x16384,1x40x75600x512 \
+      --out "$OUT/ab_18_clocks.json" 2>&1 | tail -6
+    vs=(--variant wgarrive18=.ab/wgarrive18 --variant vfirst18=.ab/vfirst18)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --shapes $sh --out "$OUT/ab_18.json" 2>&1 | tail -10
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18_causal.json" 2>&1 | tail -6
     ;;
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1

@@ -1,7 +1,7 @@
 """Write the A/B variants of issue 13, generated from the current sources so that they never drift from them:
 ``python scripts/make_variants.py [OUT_DIR]`` (default ``.ab``) writes
 
-* ``base/17_uniform_warp.cu``: the top rung's source as it is, for variants that change only ``Rung``
+* ``base/<the top rung's file>``: the top rung's source as it is, for variants that change only ``Rung``
   fields after ``@`` in ``ab_rungs.py --variant`` (tile sizes, ``l2_promotion``);
 * ``nolfix/14_lazy_rescale.cu``: rung 14 before its l fix (l sums each tile max's P unrounded, while P·V
   rounds it; rung 14's page), to measure what the fix costs;
@@ -18,6 +18,9 @@
   it is, and rewritten with one arrival per consumer warpgroup on the empty barriers (issue 13's "one arrival per
   warpgroup"), with ``sleep``'s producer waits, with the previous tile's V waited for before the turn, and with
   the turn handed over after S completes (measured on rung 17 and not kept: its page, "Tried on this rung");
+* ``wgarrive18/18_smem_epilogue.cu`` and ``vfirst18/…``: the same two rewrites of rung 18, to be measured
+  against it (``VARIANTS_OF_18``; ``scripts/device_calls.sh ab-18``): on rung 17 ``wgarrive`` gained at 4k and
+  16k and lost causal, ``vfirst`` gained on the Wan shapes only;
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
@@ -262,6 +265,8 @@ def noexp(src: str) -> str:
 VARIANTS_OF = 14
 # The same for the variants measured on rung 17 in the fourth session (its page, "Tried on this rung").
 VARIANTS_OF_17 = 17
+# The two of them that gained somewhere on rung 17, again on rung 18 (not yet measured there).
+VARIANTS_OF_18 = 18
 
 
 def wgarrive(src: str) -> str:
@@ -353,6 +358,8 @@ def main(out=".ab"):
         ("sleep17", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, measured17),
         ("vfirst", vfirst, {}, measured17),
         ("latearrive", latearrive, {}, measured17),
+        ("wgarrive18", wgarrive, {}, rungs.get(VARIANTS_OF_18)),
+        ("vfirst18", vfirst, {}, rungs.get(VARIANTS_OF_18)),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
