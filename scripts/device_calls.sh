@@ -14,6 +14,8 @@
 #   bash scripts/device_calls.sh ab-18     (no carry, ~5 min) rung 17 against rung 18 with the SM clock and power sampled
 #                                           (why rung 18 gains +3 % where its epilogue is 1 % of the time: rung 18's page),
 #                                           and rung 18 against wgarrive18 and vfirst18 (make_variants.VARIANTS_OF_18), causal too
+#   bash scripts/device_calls.sh ab-18b    (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and three-warpgroup tiles
+#                                           (192 x 80, 192 x 64) at 1k-32k, clocks sampled; wgarrive18 causal
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
@@ -112,6 +114,17 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --shapes $sh --out "$OUT/ab_18.json" 2>&1 | tail -10
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18_causal.json" 2>&1 | tail -6
+    ;;
+  ab-18b)   # (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and its three-warpgroup long-K/V tiles (192-row,
+            # 80- or 64-key) at every length, with the SM clock sampled; wgarrive18 causal too (seventh session)
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    w3=block_m=192,threads=512,q_box_rows=192
+    vs=(--variant wgarrive18=.ab/wgarrive18 --variant vfirst18=.ab/vfirst18
+      --variant "wg3n80=.ab/base@$w3,block_n=80,kv_box_rows=80" --variant "wg3n64=.ab/base@$w3,block_n=64,kv_box_rows=64")
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --clocks \
+      --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_18b.json" 2>&1 | tail -12
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 --no-errors \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18b_causal.json" 2>&1 | tail -6
     ;;
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
