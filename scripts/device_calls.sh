@@ -16,6 +16,7 @@
 #                                           and rung 18 against wgarrive18 and vfirst18 (make_variants.VARIANTS_OF_18), causal too
 #   bash scripts/device_calls.sh ab-18b    (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and three-warpgroup tiles
 #                                           (192 x 80, 192 x 64) at 1k-32k, clocks sampled; wgarrive18 causal
+#   bash scripts/device_calls.sh ab-wg3    (no carry, ~3 min) three-warpgroup tiles from 4k keys, non-causal and causal
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
@@ -125,6 +126,16 @@ case "${1:-}" in
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_18b.json" 2>&1 | tail -12
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18b_causal.json" 2>&1 | tail -6
+    ;;
+  ab-wg3)   # (no carry, ~3 min) the three-warpgroup tiles from 4k keys: rung 18 against 192 x 80 and 192 x 64 with two
+            # P buffers, non-causal (4 rounds, 4k-16k) and causal (192 x 80; 4k-16k) (seventh session)
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    w3=block_m=192,threads=512,q_box_rows=192
+    vs=(--variant "wg3n80=.ab/base@$w3,block_n=80,kv_box_rows=80" --variant "wg3n64pdb=.ab/base@$w3,block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 4 --clocks --no-errors \
+      --shapes 4x16x4096,3x16x6144,2x16x8192,1x16x16384,2x32x8192 --out "$OUT/ab_wg3.json" 2>&1 | tail -14
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 \
+      --shapes 4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_wg3_causal.json" 2>&1 | tail -6
     ;;
   ab-l2)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
