@@ -83,7 +83,7 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
     ``head_dim`` must be 128, or 64 or 256 on the top rung (``Rung.head_dims``). Causal masking,
     grouped-query attention, the LSE and head_dim 64/256 are compile-time variants of the top rung
     (issue 8), each with tiles of its own (``Rung.head_dims``): head_dim 128 two consumer warpgroups of 64 query
-    rows and 176-key K/V tiles (non-causal calls with 32 000 keys or more: three warpgroups and 80-key tiles,
+    rows and 128-key K/V tiles (non-causal calls with 6 144 keys or more: three warpgroups and 80-key tiles,
     ``Rung.long_kv``), 64 three warpgroups (192-row tiles) and 128-key tiles (fp16: two warpgroups), 256 two
     warpgroups and 64-key tiles. The lower rungs compute the plain head_dim-128 case only and raise
     ``ValueError`` for the others. Any sizes work, 0 included: an empty output when batch, heads or
