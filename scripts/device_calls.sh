@@ -17,6 +17,8 @@
 #   bash scripts/device_calls.sh ab-18b    (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and three-warpgroup tiles
 #                                           (192 x 80, 192 x 64) at 1k-32k, clocks sampled; wgarrive18 causal
 #   bash scripts/device_calls.sh ab-wg3    (no carry, ~3 min) three-warpgroup tiles from 4k keys, non-causal and causal
+#                                           (ab-18b and ab-wg3 measured rung 18 before its long-K/V bound moved to 6 144 keys,
+#                                           at c356831 / 35ae4f4; on later commits the 192 x 80 variant equals rung 18 from 6k)
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
 #                                           inputs and on BSHD views (issue 9's view/contiguous goal)
