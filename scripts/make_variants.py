@@ -18,9 +18,9 @@
   it is, and rewritten with one arrival per consumer warpgroup on the empty barriers (issue 13's "one arrival per
   warpgroup"), with ``sleep``'s producer waits, with the previous tile's V waited for before the turn, and with
   the turn handed over after S completes (measured on rung 17 and not kept: its page, "Tried on this rung");
-* ``wgarrive18/18_smem_epilogue.cu`` and ``vfirst18/…``: the same two rewrites of rung 18, to be measured
-  against it (``VARIANTS_OF_18``; ``scripts/device_calls.sh ab-18``): on rung 17 ``wgarrive`` gained at 4k and
-  16k and lost causal, ``vfirst`` gained on the Wan shapes only;
+* ``wgarrive18/18_smem_epilogue.cu`` and ``vfirst18/…``: the same two rewrites of rung 18 (``VARIANTS_OF_18``;
+  ``scripts/device_calls.sh ab-18b``): on rung 17 ``wgarrive`` gained at 4k and 16k and lost causal, ``vfirst``
+  gained on the Wan shapes only; on rung 18 both lost (seventh session, rung 18's page, "Tried on this rung");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
@@ -265,7 +265,7 @@ def noexp(src: str) -> str:
 VARIANTS_OF = 14
 # The same for the variants measured on rung 17 in the fourth session (its page, "Tried on this rung").
 VARIANTS_OF_17 = 17
-# The two of them that gained somewhere on rung 17, again on rung 18 (not yet measured there).
+# The two of them that gained somewhere on rung 17, again on rung 18 (measured there and not kept).
 VARIANTS_OF_18 = 18
 
 
