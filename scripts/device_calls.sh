@@ -51,6 +51,8 @@ set -uo pipefail
 export ATTNCLIMB_GIT_COMMIT OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
 TOP=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(rungs.TOP.number)")
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
+# The top rung's source with three consumer warpgroups of 64 rows (ab-18b, ab-wg3 add the K/V tile after a comma).
+wg3=.ab/base@block_m=192,threads=512,q_box_rows=192
 # The third call's step: .peers/q3 joined to the parts already in /tmp/fa4, the split wheel put back together, all
 # installed into /tmp/site (put on PYTHONPATH with fa4_path). Prints why when it fails; the caller goes on without FA4.
 install_fa4() {
@@ -121,9 +123,8 @@ case "${1:-}" in
   ab-18b)   # (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and its three-warpgroup long-K/V tiles (192-row,
             # 80- or 64-key) at every length, with the SM clock sampled; wgarrive18 causal too (seventh session)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    w3=block_m=192,threads=512,q_box_rows=192
     vs=(--variant wgarrive18=.ab/wgarrive18 --variant vfirst18=.ab/vfirst18
-      --variant "wg3n80=.ab/base@$w3,block_n=80,kv_box_rows=80" --variant "wg3n64=.ab/base@$w3,block_n=64,kv_box_rows=64")
+      --variant "wg3n80=$wg3,block_n=80,kv_box_rows=80" --variant "wg3n64=$wg3,block_n=64,kv_box_rows=64")
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --clocks \
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_18b.json" 2>&1 | tail -12
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 --no-errors \
@@ -132,8 +133,7 @@ case "${1:-}" in
   ab-wg3)   # (no carry, ~3 min) the three-warpgroup tiles from 4k keys: rung 18 against 192 x 80 and 192 x 64 with two
             # P buffers, non-causal (4 rounds, 4k-16k) and causal (192 x 80; 4k-16k) (seventh session)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    w3=block_m=192,threads=512,q_box_rows=192
-    vs=(--variant "wg3n80=.ab/base@$w3,block_n=80,kv_box_rows=80" --variant "wg3n64pdb=.ab/base@$w3,block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
+    vs=(--variant "wg3n80=$wg3,block_n=80,kv_box_rows=80" --variant "wg3n64pdb=$wg3,block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 4 --clocks --no-errors \
       --shapes 4x16x4096,3x16x6144,2x16x8192,1x16x16384,2x32x8192 --out "$OUT/ab_wg3.json" 2>&1 | tail -14
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 \
