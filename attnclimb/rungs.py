@@ -458,6 +458,17 @@ RUNGS: tuple[Rung, ...] = (
         smem_layout="tma_ring_staged_o",
         long_kv=(6144, _P_DOUBLE_BUFFER.long_kv[1]),
     ),
+    # Rung 18's kernel with the kept-reference path computing P first and voting on its largest P afterwards
+    # (EXP_FIRST, the two-consumer-warpgroup builds; the three-warpgroup ones are rung 18's). Rung 18's launch in
+    # every respect.
+    replace(
+        _P_DOUBLE_BUFFER,
+        number=19,
+        name="exp_first",
+        idea="kept references compute P first and vote on the largest P after: no row-max loop before the exponentials",
+        smem_layout="tma_ring_staged_o",
+        long_kv=(6144, _P_DOUBLE_BUFFER.long_kv[1]),
+    ),
 )
 
 BY_NUMBER = {r.number: r for r in RUNGS}
