@@ -5,20 +5,19 @@
 // (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
 // dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
 // issue. In rung 18's Nsight Compute source view at 4k (seventh session, ncu_r18_4k) that max section is 27 %
-// of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60
-// % of the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking
-// whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
-// exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
-// the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
-// whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
-// = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
-// MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
-// and takes rung 18's full path from the scores, which are still in their registers: the speculative P went
-// straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
-// is the work spent twice, on the rare tiles that move a reference. Where P is not double-buffered (three
-// consumer warpgroups) or fp16 P is shifted (|max·c| >= 2^24), the kernel is rung 18's. Sources:
-// FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
-// softmax); PTX ISA "Warp Vote".
+// of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of
+// the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking whether every
+// P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the exponentials:
+// so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into the free P buffer as
+// it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2, whose pipe sets the
+// pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha = 1, and the l fix
+// takes the largest P itself (the P that rung 15 recomputed from the column max, one MUFU.EX2 per row fewer). Any
+// other warp (a new maximum past the threshold, an infinite score) restores l and takes rung 18's full path
+// from the scores, which are still in their registers: the speculative P went straight into the packed buffer,
+// which the P·V in flight does not read (two P buffers, rung 16). Only there is the work spent twice, on the
+// rare tiles that move a reference. Where P is not double-buffered (three consumer warpgroups) or fp16 P is
+// shifted (|max·c| >= 2^24), the kernel is rung 18's. Sources: FlashAttention-4 (the conditional rescale and
+// its threshold on P); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA "Warp Vote".
 //
 // Everything else (the staged epilogue, uniform warp index, P double-buffered, kept references, lazy rescale,
 // descriptors, persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 18's.
@@ -188,13 +187,13 @@ constexpr int NUM_WARPS = NUM_THREADS / 32;
 #ifndef P_DOUBLE_BUFFER
 #define P_DOUBLE_BUFFER (NUM_THREADS == 384)
 #endif
-// This rung's idea. With two P buffers the speculative P goes into the free one and S stays in its registers;
-// with one (three consumer warpgroups) P replaces S, so the K tile is held until the warpgroup has voted
-// (HOLD_K) and a failed vote issues S = Q·Kᵀ again.
+// This rung's idea needs a free buffer for the speculative P: the two-consumer-warpgroup builds.
 #ifndef EXP_FIRST
-#define EXP_FIRST 1
+#define EXP_FIRST P_DOUBLE_BUFFER
 #endif
-#define HOLD_K (EXP_FIRST && !P_DOUBLE_BUFFER)
+#if EXP_FIRST && !P_DOUBLE_BUFFER
+#error "EXP_FIRST packs P into the buffer that the P·V in flight does not read: it needs P_DOUBLE_BUFFER"
+#endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
 constexpr int CONSUMER_WGS = CONSUMER_WARPS / 4;  // 2 (head_dim 128, 256) or 3 (head_dim 64: 192-row tiles)
@@ -625,13 +624,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         return rescale;
     };
 #if EXP_FIRST
-    // This rung's idea: the kept-reference path with the exponentials first. P = 2^(s·mul − R) against each
-    // row's kept reference, summed into l and packed into p_out as it comes; then one vote on the largest P
-    // of each row. Returns true (every row of the warp keeps its reference: alpha = 1, P in p_out, l updated,
-    // the l fix applied to the largest P) or false (l as it was, s untouched: the caller takes the full
-    // path). Never on a work tile's first K/V tile (no reference yet).
-    [[maybe_unused]] auto exp_first_tile = [&](uint32_t (&p_out)[KV_STEPS][4]) -> bool {
-#if FP16 && P_DOUBLE_BUFFER
+    // This rung's idea: the kept-reference path with the exponentials first. P = 2^(s·mul − R) against each row's
+    // kept reference, summed into l and packed into p_out as it comes; then one vote on the largest P of each
+    // row. Returns true (every row of the warp keeps its reference: alpha = 1, P in p_out, l updated, the l fix
+    // applied to the largest P) or false (l as it was, s untouched: the caller takes the full path). Never on a
+    // work tile's first K/V tile (no reference yet).
+    auto exp_first_tile = [&](uint32_t (&p_out)[KV_STEPS][4]) -> bool {
+#if FP16
         // fp16 P stored against R + k (k != 0 where |max·c| >= 2^24) stays on the full path: warp-uniform.
         if (__any_sync(0xffffffffu, row_shift[0] != 0.f || row_shift[1] != 0.f)) return false;
 #endif
@@ -644,36 +643,17 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float lo[4], hi[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                lo[e] =
-                    smx::fast_exp2(fmaf(s[2 * ks][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
+                lo[e] = smx::fast_exp2(fmaf(s[2 * ks][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
                 hi[e] = smx::fast_exp2(fmaf(s[2 * ks + 1][e], mul[e >> 1], row_neg_ref[e >> 1]));
                 row_sum[e >> 1] += lo[e];
                 row_sum[e >> 1] += hi[e];
                 p_max[e >> 1] = fmaxf(p_max[e >> 1], fmaxf(lo[e], hi[e]));
-#if !P_DOUBLE_BUFFER  // P in place of S (packed after the P·V wait, as in rung 18)
-                s[2 * ks][e] = lo[e];
-                s[2 * ks + 1][e] = hi[e];
-#endif
             }
-#if P_DOUBLE_BUFFER
             pack_p_fragment<elem>(p_out[ks], lo, hi);
-#endif
         }
-        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <=
-        // 2^RESCALE_THRESHOLD. (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either
-        // path.)
-        bool keep = p_max[0] <= p_limit && p_max[1] <= p_limit;
-#if P_DOUBLE_BUFFER
-        keep = __all_sync(0xffffffffu, keep);  // warp-uniform
-#else
-#if FP16  // a shifted fp16 row (|max·c| >= 2^24) takes the full path: these P left out the shift
-        keep = keep && row_shift[0] == 0.f && row_shift[1] == 0.f;
-#endif
-        // Warpgroup-uniform: a failed vote issues the S wgmma again, which every warp of the warpgroup must
-        // execute (wgmma is .aligned). Named barrier 1 + CONSUMER_WGS + wg (1 .. CONSUMER_WGS are the turns).
-        keep = hop::named_bar_and(1 + CONSUMER_WGS + wg, 128, keep);
-#endif
-        if (!keep) {
+        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <= 2^RESCALE_THRESHOLD.
+        // (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either path.)
+        if (!__all_sync(0xffffffffu, p_max[0] <= p_limit && p_max[1] <= p_limit)) {
             row_sum[0] = sum_before[0];
             row_sum[1] = sum_before[1];
             return false;
@@ -790,38 +770,23 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
             gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
             hop::named_bar_arrive(other_turn, TURN_THREADS);
-            hop::wgmma_wait<1>();  // the older group, S, is complete
-            hop::reg_fence(s);     // no read of S above the wgmma wait
-#if !HOLD_K
+            hop::wgmma_wait<1>();                                 // the older group, S, is complete
+            hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
-#endif
             TRACE_END(S);
 
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
             mask_tile(nb * BLOCK_N, m_start);  // under P_{nb-1}·V_{nb-1}
 #if EXP_FIRST
-            // The kept references first (this rung): P done already, or the full path (and its pack).
+            // The kept references first (this rung): P packed already, or the full path and its pack.
             bool rescale = false;
             alpha[0] = alpha[1] = 1.f;
-            if (!exp_first_tile(
-                    p_out)) {  // a vote: warp-uniform (two P buffers) or warpgroup-uniform (HOLD_K)
-#if HOLD_K  // P took S's registers: S again from the K tile, still held (and the P·V in flight waited for)
-                issue_qk(slot);
-                hop::wgmma_wait<0>();
-                hop::reg_fence(s);
-                mask_tile(nb * BLOCK_N, m_start);
-#endif
+            if (!exp_first_tile(p_out)) {  // warp-uniform: a vote
                 rescale = softmax_tile(alpha, true);
-#if P_DOUBLE_BUFFER
 #pragma unroll
-                for (int ks = 0; ks < KV_STEPS; ++ks)
-                    pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
-#endif
+                for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
             }
-#if HOLD_K
-            if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
-#endif
 #else
             const bool rescale = softmax_tile(alpha, false);
 #endif

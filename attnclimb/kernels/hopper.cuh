@@ -190,17 +190,6 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
 __device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-// bar.red.and (PTX ISA "bar.red"): a named barrier over `count` threads that also returns the AND of their
-// predicates, the same value in every one of them.
-__device__ __forceinline__ bool named_bar_and(uint32_t id, uint32_t count, bool pred) {
-    uint32_t all;
-    asm volatile(
-        "{\n .reg .pred p, q;\n setp.ne.u32 p, %2, 0;\n bar.red.and.pred q, %1, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-        : "=r"(all)
-        : "r"(id), "r"((uint32_t)pred), "r"(count)
-        : "memory");
-    return all != 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // setmaxnreg (PTX ISA "setmaxnreg"): re-balance registers between warpgroups. Executed by all warps of a
