@@ -5,19 +5,20 @@
 // (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
 // dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
 // issue. In rung 18's Nsight Compute source view at 4k (seventh session, ncu_r18_4k) that max section is 27 %
-// of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of
-// the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking whether every
-// P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the exponentials:
-// so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into the free P buffer as
-// it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2, whose pipe sets the
-// pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha = 1, and the l fix
-// takes the largest P itself (the P that rung 15 recomputed from the column max, one MUFU.EX2 per row fewer). Any
-// other warp (a new maximum past the threshold, an infinite score) restores l and takes rung 18's full path
-// from the scores, which are still in their registers: the speculative P went straight into the packed buffer,
-// which the P·V in flight does not read (two P buffers, rung 16). Only there is the work spent twice, on the
-// rare tiles that move a reference. Where P is not double-buffered (three consumer warpgroups) or fp16 P is
-// shifted (|max·c| >= 2^24), the kernel is rung 18's. Sources: FlashAttention-4 (the conditional rescale and
-// its threshold on P); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA "Warp Vote".
+// of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60
+// % of the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking
+// whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
+// exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
+// the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
+// whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
+// = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
+// MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
+// and takes rung 18's full path from the scores, which are still in their registers: the speculative P went
+// straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
+// is the work spent twice, on the rare tiles that move a reference. Where P is not double-buffered (three
+// consumer warpgroups) or fp16 P is shifted (|max·c| >= 2^24), the kernel is rung 18's. Sources:
+// FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
+// softmax); PTX ISA "Warp Vote".
 //
 // Everything else (the staged epilogue, uniform warp index, P double-buffered, kept references, lazy rescale,
 // descriptors, persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 18's.
@@ -624,11 +625,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         return rescale;
     };
 #if EXP_FIRST
-    // This rung's idea: the kept-reference path with the exponentials first. P = 2^(s·mul − R) against each row's
-    // kept reference, summed into l and packed into p_out as it comes; then one vote on the largest P of each
-    // row. Returns true (every row of the warp keeps its reference: alpha = 1, P in p_out, l updated, the l fix
-    // applied to the largest P) or false (l as it was, s untouched: the caller takes the full path). Never on a
-    // work tile's first K/V tile (no reference yet).
+    // This rung's idea: the kept-reference path with the exponentials first. P = 2^(s·mul − R) against each
+    // row's kept reference, summed into l and packed into p_out as it comes; then one vote on the largest P
+    // of each row. Returns true (every row of the warp keeps its reference: alpha = 1, P in p_out, l updated,
+    // the l fix applied to the largest P) or false (l as it was, s untouched: the caller takes the full
+    // path). Never on a work tile's first K/V tile (no reference yet).
     auto exp_first_tile = [&](uint32_t (&p_out)[KV_STEPS][4]) -> bool {
 #if FP16
         // fp16 P stored against R + k (k != 0 where |max·c| >= 2^24) stays on the full path: warp-uniform.
@@ -643,7 +644,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float lo[4], hi[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                lo[e] = smx::fast_exp2(fmaf(s[2 * ks][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
+                lo[e] =
+                    smx::fast_exp2(fmaf(s[2 * ks][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
                 hi[e] = smx::fast_exp2(fmaf(s[2 * ks + 1][e], mul[e >> 1], row_neg_ref[e >> 1]));
                 row_sum[e >> 1] += lo[e];
                 row_sum[e >> 1] += hi[e];
@@ -651,8 +653,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
             pack_p_fragment<elem>(p_out[ks], lo, hi);
         }
-        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <= 2^RESCALE_THRESHOLD.
-        // (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either path.)
+        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <=
+        // 2^RESCALE_THRESHOLD. (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either
+        // path.)
         if (!__all_sync(0xffffffffu, p_max[0] <= p_limit && p_max[1] <= p_limit)) {
             row_sum[0] = sum_before[0];
             row_sum[1] = sum_before[1];
@@ -785,7 +788,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             if (!exp_first_tile(p_out)) {  // warp-uniform: a vote
                 rescale = softmax_tile(alpha, true);
 #pragma unroll
-                for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+                for (int ks = 0; ks < KV_STEPS; ++ks)
+                    pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
             }
 #else
             const bool rescale = softmax_tile(alpha, false);
