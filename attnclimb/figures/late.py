@@ -1708,6 +1708,95 @@ def rung18_rows(path):
     save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------------ rung 19
+
+# Static issue cycles (the stall counts in the SASS control bits, NVRTC 13.0, sm_90a, plain head_dim-128 kernel)
+# along the kept-reference path of one K/V tile's softmax, from the S wait to the P·V wait, at the K/V loop's
+# second step: the 4-bit stall field (bits 41-44 of each instruction's second word in `cuobjdump -sass`) summed
+# along that path, taken branches followed (eighth session, by hand; the page says how).
+SOFTMAX_PATH_CYCLES = {
+    18: (("row-max loop (64 FMNMX), vote", 169), ("exponentials, l, pack, anchor", 578)),
+    19: (("exponentials, l, P max, pack", 548), ("vote, l fix", 56), ("pack fold, anchor", 72)),
+}
+# Rung 18 at 4k (B4 H16 S4096), Nsight Compute's source view (seventh session, 85de7ef, SM clock locked at
+# 1.33 GHz): the warp-state samples of the consumer warps in the two steps of the unrolled K/V loop, by phase
+# (benchmarks/ab/ncu_rung18_4k_phases_85de7ef.txt).
+NCU_R18_4K_PHASES = (
+    ("K wait", 3422),
+    ("turn", 2732),
+    ("S issue", 6395),
+    ("V wait", 2862),
+    ("P·V issue", 7769),
+    ("S wait", 3664),
+    ("row max, vote", 10793),
+    ("exponentials, pack", 27629),
+    ("P·V wait", 935),
+)
+
+
+def rung19_path(path):
+    import matplotlib.pyplot as plt
+
+    colours = {
+        "row-max loop (64 FMNMX), vote": tint(VERMILLION, 0.45),
+        "exponentials, l, pack, anchor": tint(GREEN, 0.4),
+        "exponentials, l, P max, pack": tint(GREEN, 0.4),
+        "vote, l fix": tint(VERMILLION, 0.3),
+        "pack fold, anchor": tint(SKY, 0.4),
+    }
+    fig, ax = plt.subplots(figsize=(8.6, 2.2))
+    for yi, n in enumerate((18, 19)):
+        left = 0
+        for text, cyc in SOFTMAX_PATH_CYCLES[n]:
+            ax.barh(yi, cyc, left=left, color=colours[text], edgecolor="white", height=0.6)
+            ax.text(left + cyc / 2, yi, f"{text}\n{cyc}", ha="center", va="center", fontsize=6.5)
+            left += cyc
+        ax.text(left + 8, yi, f"{left} cycles", va="center", fontsize=7)
+    ax.set_yticks([0, 1], ["rung 18", "rung 19"], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 880)
+    ax.set_xlabel(
+        "static issue cycles from the S wait to the P·V wait, kept references (SASS stall counts, NVRTC 13.0)",
+        fontsize=7.5,
+    )
+    ax.set_title(
+        "One K/V tile's softmax: rung 18 finds each row's column max before the first exponential, rung 19 after",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+def rung19_samples(path):
+    import matplotlib.pyplot as plt
+
+    total = sum(k for _, k in NCU_R18_4K_PHASES)
+    fig, ax = plt.subplots(figsize=(8.6, 1.9))
+    left = 0
+    for text, k in NCU_R18_4K_PHASES:
+        share = 100 * k / total
+        hot = text == "row max, vote"
+        colour = tint(VERMILLION, 0.45) if hot else tint(GREEN if "exponentials" in text else SKY, 0.35)
+        ax.barh(0, share, left=left, color=colour, edgecolor="white", height=0.6)
+        if share > 4:
+            ax.text(left + share / 2, 0, f"{text}\n{share:.0f} %", ha="center", va="center", fontsize=6.3)
+        left += share
+    ax.set_yticks([0], ["rung 18, 4k"], fontsize=8)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(
+        "share of a consumer warp's warp-state samples per K/V tile (Nsight Compute source view, 1.33 GHz)",
+        fontsize=7.5,
+    )
+    ax.set_title(
+        "Where a consumer warp of rung 18 spends a K/V tile: the row-max loop sits between S and the exponentials",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
 FIGURES = [
     (
         10,
@@ -1832,5 +1921,19 @@ FIGURES = [
         rung18_count,
         "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 17 "
         "against rung 18 (head_dim 128, SASS of NVRTC 13.0).",
+    ),
+    (
+        19,
+        "path",
+        rung19_path,
+        "Static issue cycles of one K/V tile's softmax on the kept-reference path, rung 18 against rung 19: the "
+        "row-max loop before the exponentials against the largest P kept beside them (SASS of NVRTC 13.0).",
+    ),
+    (
+        19,
+        "samples",
+        rung19_samples,
+        "Rung 18 at 4k in Nsight Compute's source view: a consumer warp's samples per K/V tile by phase; the row-max "
+        "loop and vote take a sixth, on the path from S to P.",
     ),
 ]
