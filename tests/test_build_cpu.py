@@ -486,6 +486,42 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
             assert packs <= 2, f"{packs} F2FP between the waits for S and for P·V"
 
 
+def _exp_first_cases():
+    """Rungs 18 and 19's builds with two P buffers (rung 19's idea on) and their three-warpgroup long-K/V build (one
+    P buffer: rung 19 keeps rung 18's code there)."""
+    from attnclimb.runtime.launch import feature_variant
+
+    cases = []
+    for n in (18, 19):
+        r, k = rungs.get(n), f"rung{n}"
+        double = [(k, r), (f"{k}-causal-gqa-lse-strided", feature_variant(r, True, True, True, True))]
+        double.append((f"{k}-hd256", feature_variant(r, False, False, False, head_dim=256)))
+        double.append((f"{k}-fp16-causal", feature_variant(r, True, False, False, fp16=True)))
+        single = [(f"{k}-long-kv", feature_variant(r, False, False, False, seqlen_k=r.long_kv[0]))]
+        cases += [(k, r, n == 19) for k, r in double] + [(k, r, False) for k, r in single]
+    return cases
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("case", _exp_first_cases(), ids=lambda c: c[0])
+def test_rung19_votes_after_the_exponentials(case):
+    """Rung 19's idea in the machine code: in every steady-loop window between the wait for S and the wait for
+    P·V, its builds with two P buffers issue the first MUFU.EX2 before the kept-reference vote (VOTE.ALL) and hold
+    two packs of P (the speculative one and the full path's; an fp16 build also rounds the l fix's P, two per
+    path). Rung 18, and rung 19's three-warpgroup build, vote before the first exponential (the row-max loop
+    ahead of them)."""
+    _, r, first = case
+    lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
+    for i, j in _softmax_windows(lines):
+        window = lines[i:j]
+        ex2 = next(x for x, ln in enumerate(window) if "MUFU.EX2" in ln)
+        vote = next(x for x, ln in enumerate(window) if "VOTE.ALL" in ln)
+        assert (ex2 < vote) == first, f"first MUFU.EX2 at {ex2}, first VOTE.ALL at {vote} after the wait for S"
+        if first:
+            packs = sum("F2FP" in ln and "PACK_AB" in ln for ln in window)
+            assert 2 * (r.block_n // 4) <= packs <= 2 * (r.block_n // 4) + 4, f"{packs} F2FP between the waits"
+
+
 _INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)([^;]*);")
 
 

@@ -4,7 +4,7 @@
 // The idea (over rung 18): rung 15's fast path decides with a vote whether the warp may keep its references
 // (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
 // dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
-// issue. In rung 18's Nsight Compute source view at 4k (seventh session, ncu_r18_4k) that max section is 27 %
+// issue. In rung 18's Nsight Compute source view at 4k (seventh session, ncu_r18_4k) that max section is 28 %
 // of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60
 // % of the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking
 // whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
@@ -15,8 +15,9 @@
 // MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
 // and takes rung 18's full path from the scores, which are still in their registers: the speculative P went
 // straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
-// is the work spent twice, on the rare tiles that move a reference. Where P is not double-buffered (three
-// consumer warpgroups) or fp16 P is shifted (|max·c| >= 2^24), the kernel is rung 18's. Sources:
+// is the work spent twice, on the tiles that move a reference. Where P is not double-buffered (three consumer
+// warpgroups) the kernel is rung 18's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 18's full
+// path on every tile (no kept-reference shortcut: slower, as exact). Sources:
 // FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
 // softmax); PTX ISA "Warp Vote".
 //
