@@ -528,6 +528,21 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
 #endif
     };
+    // The l fix of row r for a tile whose thread-largest P is p_top. P·V sums P rounded to bf16 (fp16), l
+    // unrounded. Above a kept reference a tile max's P is up to 2^8 and may dominate the row, so its rounding
+    // would not cancel in O / l: l counts the P of each thread's column max (the row max among them) rounded
+    // too.
+    auto add_l_fix = [&](int r, float p_top) {
+#if FP16
+        const float p_top_rounded = __half2float(__float2half_rn(p_top));
+#else
+        const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
+#endif
+        row_sum[r] += p_top_rounded - p_top;
+#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
+        l_fix[r] += p_top_rounded - p_top;
+#endif
+    };
     // Tile nb's online softmax (masked before), in place on s (S -> P, fp32); alpha: the rescale factor of O.
     // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
     // tile, or a tile whose exponentials-first pass failed (a constant at each call): no vote, the full path.
@@ -584,21 +599,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             rescale = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);  // warp-uniform: a vote
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference a tile max's P is up to
-            // 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts the P of each
-            // thread's column max (the row max among them) rounded too (one FFMA and ex2 of that score).
-            const float p_top = smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]);
-#if FP16
-            const float p_top_rounded = __half2float(__float2half_rn(p_top));
-#else
-            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
-#endif
-            row_sum[r] += p_top_rounded - p_top;
-#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
-            l_fix[r] += p_top_rounded - p_top;
-#endif
-        }
+        for (int r = 0; r < 2; ++r)  // (one FFMA and ex2 of the column max's score)
+            add_l_fix(r, smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]));
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
         // Warp-uniform, so the common case below is the bf16 loop, one FFMA and one MUFU.EX2 per score.
@@ -663,17 +665,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             return false;
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the l fix (softmax_tile below), with the largest P itself
-#if FP16
-            const float p_top_rounded = __half2float(__float2half_rn(p_max[r]));
-#else
-            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_max[r]));
-#endif
-            row_sum[r] += p_top_rounded - p_max[r];
-#if WRITE_LSE
-            l_fix[r] += p_top_rounded - p_max[r];
-#endif
-        }
+        for (int r = 0; r < 2; ++r) add_l_fix(r, p_max[r]);  // the l fix, with the largest P itself
         return true;
     };
 #endif
