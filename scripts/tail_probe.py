@@ -9,7 +9,6 @@ speed up while the others idle (the power cap), it grows smoothly with the tile 
 """
 
 import argparse
-import dataclasses
 import json
 import math
 
@@ -43,8 +42,6 @@ def plans(q, k, v, o, scale):
         "rung19": launch._plan(r19, q, k, v, o, scale, False, None),
         "rung20": launch._plan(r20, q, k, v, o, scale, False, None),
     }
-    code0 = dataclasses.replace(r20, extra_defines={**r20.extra_defines, "SPLIT_TAIL": 0})
-    out["rung20_code0"] = launch._plan(code0, q, k, v, o, scale, False, None)
     saved = launch.tail_split
     launch.tail_split = lambda *a: None
     try:
@@ -58,12 +55,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tail_probe.json")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--shapes", default=None, help="BxHxS,... (default: SHAPES)")
     args = ap.parse_args()
     dev = torch.cuda.current_device()
     rows = []
-    shapes = SHAPES if args.shapes is None else [tuple(map(int, x.split("x"))) for x in args.shapes.split(",")]
-    for b, h, s in shapes:
+    for b, h, s in SHAPES:
         shape = Shape(f"{b}x{h}x{s}", f"{b}x{h}x{s}", b, h, s, s)
         sets = timing.make_inputs(shape, timing.num_input_sets(3 * b * h * s * 128 * 2))
         scale = 1.0 / math.sqrt(128)

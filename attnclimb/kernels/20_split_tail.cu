@@ -177,10 +177,6 @@ typedef bf16 elem;
 #ifndef RESCALE_THRESHOLD
 #define RESCALE_THRESHOLD 8.f
 #endif
-// 0 compiles the split out (a diagnostic: rung 19's kernel with rung 20's arguments).
-#ifndef SPLIT_TAIL
-#define SPLIT_TAIL 1
-#endif
 #ifndef CAUSAL_L2_BYTES
 // causal tile order: head by head (in pairs) when K and V of all heads exceed this, else a snake
 #define CAUSAL_L2_BYTES (32ll << 20)
@@ -381,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     };
 #else
     // (32-bit: the host splits only where (tail_blocks + 1) · tail_ctas < 2^31.)
-    const bool split = SPLIT_TAIL && ws != nullptr;  // kernel argument: uniform
+    const bool split = ws != nullptr;  // kernel argument: uniform
     const int cta = blockIdx.x;
     const int full_units =
         split ? tail_start / (int)gridDim.x : (num_tiles - cta + (int)gridDim.x - 1) / (int)gridDim.x;
