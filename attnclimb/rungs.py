@@ -64,10 +64,6 @@ class Rung:
         l2_promotion: the L2 fetch size its TMA tensor maps ask for on a miss, in bytes (0: none, the default;
             64, 128 or 256: ``CU_TENSOR_MAP_L2_PROMOTION_L2_*``, CUDA Driver API ``cuTensorMapEncodeTiled``).
             A launch-side setting (the kernel source is the same); the tensor maps' cache keys hold it.
-        split_tail: the kernel can split the work tiles of a non-causal launch's last, partial wave along the
-            keys over every CTA (rung 20): it takes three more arguments, ``tail_start``, ``tail_ctas`` and a
-            workspace pointer ``ws`` (0: no split), and ``runtime.launch`` decides per call whether to split
-            (``runtime.launch.tail_split``).
     """
 
     number: int
@@ -91,7 +87,6 @@ class Rung:
     causal_short: tuple | None = None
     l2_promotion: int = 0
     long_kv: tuple | None = None
-    split_tail: bool = False
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:
@@ -473,18 +468,6 @@ RUNGS: tuple[Rung, ...] = (
         idea="kept references compute P first and vote on the largest P after: no row-max loop before the exponentials",
         smem_layout="tma_ring_staged_o",
         long_kv=(6144, _P_DOUBLE_BUFFER.long_kv[1]),
-    ),
-    # Rung 19's kernel with the last partial wave of a non-causal launch split along the keys over every CTA
-    # (contiguous K/V ranges of equal length), the pieces merged by the last warp to finish each row group. Rung
-    # 19's tiles, features and head dims; three more kernel arguments (tail_start, tail_ctas, ws).
-    replace(
-        _P_DOUBLE_BUFFER,
-        number=20,
-        name="split_tail",
-        idea="the last partial wave's work tiles are split along the keys over every CTA and merged by the last warp",
-        smem_layout="tma_ring_staged_o",
-        long_kv=(6144, _P_DOUBLE_BUFFER.long_kv[1]),
-        split_tail=True,
     ),
 )
 

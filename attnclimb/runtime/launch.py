@@ -462,77 +462,15 @@ def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
     lr = plan.lr
     _ensure_context(lr)
     handle = current_stream_handle(dev)
-    ws_ptr = tail_workspace(dev, handle, plan.ws_bytes) if plan.ws_bytes else 0
     packed = plan.packed  # read once: another thread may switch it off in between
     if packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
         try:
-            packed.launch(handle, o_ptr, lse_ptr, ws_ptr)
+            packed.launch(handle, o_ptr, lse_ptr)
             return
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
             _packed.disable(exc)
             plan.packed = None
-    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr, ws_ptr)
-
-
-# ---------------------------------------------------------------- rung 20: the split tail and its workspace
-
-MIN_PIECE_TILES = 2  # K/V tiles of the shortest piece of a split work tile
-MIN_SPLIT_GAIN_TILES = 3  # split only where the CTAs' last unit gets at least this many K/V tiles shorter
-
-
-def tail_split(num_tiles: int, ctas: int, num_n: int) -> tuple | None:
-    """How rung 20 splits a non-causal launch of ``num_tiles`` work tiles of ``num_n`` K/V tiles each over
-    ``ctas`` persistent CTAs: ``(tail_start, tail_ctas)`` or ``None`` (no split).
-
-    The first ``(num_tiles // ctas) · ctas`` tiles are dealt whole, round robin, as in rung 19; the remaining
-    ``R = num_tiles % ctas`` tiles, which rung 19 runs as a partial last wave (``R`` CTAs busy for a whole
-    tile while the others wait), are ``R · num_n`` K/V tiles that the first ``tail_ctas`` CTAs take as
-    contiguous ranges of equal length (±1), at least ``MIN_PIECE_TILES`` each. ``None`` where the last unit
-    would not get ``MIN_SPLIT_GAIN_TILES`` K/V tiles shorter, or where the kernel's 32-bit range arithmetic
-    could overflow (``(R · num_n + 1) · tail_ctas >= 2^31``)."""
-    full, rest = divmod(num_tiles, ctas)
-    if rest == 0:
-        return None
-    tail_blocks = rest * num_n
-    tail_ctas = min(ctas, tail_blocks // MIN_PIECE_TILES)
-    if tail_ctas < 1 or num_n - -(-tail_blocks // tail_ctas) < MIN_SPLIT_GAIN_TILES:
-        return None
-    if (tail_blocks + 1) * tail_ctas >= 2**31:
-        return None
-    return full * ctas, tail_ctas
-
-
-def tail_workspace_bytes(rung: Rung, ctas: int) -> int:
-    """Bytes of rung 20's workspace for a launch of ``ctas`` CTAs of ``rung`` (a compiled variant): a counter
-    per tail tile and consumer warp (fewer than ``ctas`` tail tiles), then two slots per CTA of per-row
-    ``{m, err, l, l without the l fix}`` (fp32 x 4) and of the unnormalised O rows (fp32, ``head_dim``)."""
-    consumer_warps = rung.block_m // 16
-    counters = -(-(ctas * consumer_warps) // 4) * 4
-    return 4 * (counters + 2 * ctas * rung.block_m * (4 + rung.head_dim))
-
-
-_WORKSPACES: dict = {}  # (device, raw stream handle) -> torch uint8 tensor, zeroed when allocated
-
-
-def tail_workspace(dev: int, handle: int, nbytes: int) -> int:
-    """The address of rung 20's workspace for launches on stream ``handle`` of device ``dev``: at least
-    ``nbytes``, its counters zero (the kernel leaves them zero again), one per stream so that launches on
-    different streams never share one. Allocated (zeroed, on the current stream) on first use and grown when
-    a launch needs more; 0 (the launch runs unsplit) while the stream is capturing a CUDA graph and has none
-    large enough, so that no allocation is captured. Warm-up calls on the capturing stream make one."""
-    ws = _WORKSPACES.get((dev, handle))
-    if ws is not None and ws.numel() >= nbytes:
-        return ws.data_ptr()
-    import torch
-
-    if torch.cuda.is_current_stream_capturing():
-        return 0
-    ws = torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{dev}")
-    with _lock:
-        if len(_WORKSPACES) >= 16:
-            _WORKSPACES.pop(next(iter(_WORKSPACES)))
-        _WORKSPACES[(dev, handle)] = ws
-    return ws.data_ptr()
+    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr)
 
 
 def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
@@ -584,33 +522,22 @@ class _Plan:
     arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or ``None``
     where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
 
-    __slots__ = ("config", "head", "kernel", "lr", "middle", "packed", "tail", "ws_bytes")
+    __slots__ = ("config", "head", "kernel", "lr", "middle", "packed", "tail")
 
-    def __init__(
-        self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None, ws_bytes: int | None = None
-    ):
-        """``ws_bytes``: ``None`` for a kernel without rung 20's workspace argument (the last one); else the
-        workspace a launch needs (0: this launch does not split, the argument is 0)."""
-        self.lr, self.head, self.middle, self.tail, self.ws_bytes = lr, head, middle, tail, ws_bytes
+    def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
+        self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
         o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
         args = (*head, 0, *middle) if tail is None else (*head, 0, *middle, 0, *tail)
-        ws = None
-        if ws_bytes is not None:
-            ws = len(args)
-            args += (0,)
-        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse, ws)
+        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse)
 
-    def launch(self, stream, o_ptr: int, lse_ptr: int, ws_ptr: int = 0) -> None:
-        """What :meth:`LoadedRung.launch` does, with O's, the LSE's (and the workspace's) addresses in their
-        places."""
+    def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
+        """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
         if self.tail is None:
             _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle)
-        elif self.ws_bytes is None:
-            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
         else:
-            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail, ws_ptr)
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
 
 
 def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
@@ -667,25 +594,15 @@ def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
                 _tensor_map_of(k, bh_kv, sk, rung.kv_box_rows, dev, rung.l2_promotion),
                 _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev, rung.l2_promotion),
             )
-        num_tiles = m_blocks * bh
-        split = None
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
-            if rung.split_tail and not causal:  # rung 20: the last partial wave split along the keys
-                split = tail_split(num_tiles, lr.persistent_grid(1 << 30), -(-sk // rung.block_n))
-            grid = (lr.persistent_grid(1 << 30) if split else lr.persistent_grid(num_tiles),)
-            sizes += (i32(num_tiles),)
+            grid = (lr.persistent_grid(grid[0]),)
+            sizes += (i32(m_blocks * bh),)
         if not rung.features:
             return _Plan(lr, grid, maps, sizes, None)
         # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
         i64 = np.int64
         ob, oh, os_, _ = o.stride()
-        tail = (i64(ob), i64(oh), i64(os_))
-        if not rung.split_tail:
-            return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), tail)
-        # tail_start, tail_ctas (num_tiles, 0: no split), then the workspace's address per launch
-        tail += (i32(split[0]), i32(split[1])) if split else (i32(num_tiles), i32(0))
-        ws_bytes = tail_workspace_bytes(rung, grid[0]) if split else 0
-        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), tail, ws_bytes)
+        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), (i64(ob), i64(oh), i64(os_)))
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
 
 

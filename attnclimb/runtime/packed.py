@@ -29,7 +29,6 @@ import threading
 # that did not store them as 8-byte values where kernelParams points is not used.
 O_MARK = 0x0A77_C11B_0000_0010
 LSE_MARK = 0x0A77_C11B_0000_0020
-WS_MARK = 0x0A77_C11B_0000_0030
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 
 ENABLED = os.environ.get("ATTNCLIMB_LAUNCH", "") != "cuda.core"
@@ -83,23 +82,10 @@ class Packed:
     handle and the ``kernelParams`` array (``params``, an address), with cells for O's and the LSE's
     addresses (``lse_cell`` is ``None`` for a kernel without an LSE parameter)."""
 
-    __slots__ = (
-        "_holder",
-        "block",
-        "func",
-        "grid",
-        "lock",
-        "lse_cell",
-        "o_cell",
-        "params",
-        "smem",
-        "success",
-        "ws_cell",
-    )
+    __slots__ = ("_holder", "block", "func", "grid", "lock", "lse_cell", "o_cell", "params", "smem", "success")
 
-    def launch(self, stream_handle: int, o_ptr: int, lse_ptr: int, ws_ptr: int = 0) -> None:
-        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr``, the LSE at ``lse_ptr`` and (rung 20)
-        the workspace at ``ws_ptr``.
+    def launch(self, stream_handle: int, o_ptr: int, lse_ptr: int) -> None:
+        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr`` and the LSE at ``lse_ptr``.
 
         ``RuntimeError`` when the driver reports an error; the binding's own ``TypeError`` (or similar) when
         it refuses an argument, in which case nothing was launched."""
@@ -112,8 +98,6 @@ class Packed:
             self.o_cell.value = o_ptr
             if self.lse_cell is not None:
                 self.lse_cell.value = lse_ptr
-            if self.ws_cell is not None:
-                self.ws_cell.value = ws_ptr
             res = _driver_launch(self.func, gx, gy, gz, bx, by, bz, self.smem, stream, self.params, 0)
         err = res[0] if type(res) is tuple else res
         if err != self.success:
@@ -125,16 +109,7 @@ class Packed:
         return [t.from_address(a).value for t, a in zip(ctypes_types, slot)]
 
 
-def prepack(
-    kernel,
-    grid: tuple,
-    block: tuple,
-    smem: int,
-    args: tuple,
-    o_index: int,
-    lse_index: int | None,
-    ws_index: int | None = None,
-):
+def prepack(kernel, grid: tuple, block: tuple, smem: int, args: tuple, o_index: int, lse_index: int | None):
     """A :class:`Packed` launch of ``kernel`` (a ``cuda.core`` ``Kernel``) with ``args`` as
     ``cuda.core.launch`` takes them, the arguments at ``o_index`` and ``lse_index`` (``None``: no LSE
     parameter) being O's and the LSE's addresses, which each launch sets; ``None`` when disabled
@@ -152,8 +127,6 @@ def prepack(
         args[o_index] = O_MARK
         if lse_index is not None:
             args[lse_index] = LSE_MARK
-        if ws_index is not None:
-            args[ws_index] = WS_MARK
         holder = ParamHolder(tuple(args))
         params = int(holder.ptr)
         if not params:
@@ -165,14 +138,13 @@ def prepack(
 
         o_cell = cell(o_index, O_MARK)
         lse_cell = None if lse_index is None else cell(lse_index, LSE_MARK)
-        ws_cell = None if ws_index is None else cell(ws_index, WS_MARK)
-        if o_cell is None or (lse_index is not None and lse_cell is None) or (ws_index is not None and ws_cell is None):
+        if o_cell is None or (lse_index is not None and lse_cell is None):
             return None
     except Exception:  # an older or newer cuda.core/cuda.bindings than this was written for
         return None
     p = Packed()
     p._holder = holder  # owns the packed values (and keeps the tensor maps it packed alive)
-    p.func, p.params, p.o_cell, p.lse_cell, p.ws_cell, p.success = func, params, o_cell, lse_cell, ws_cell, success
+    p.func, p.params, p.o_cell, p.lse_cell, p.success = func, params, o_cell, lse_cell, success
     p.grid = (*grid, 1, 1, 1)[:3]
     p.block = (*block, 1, 1, 1)[:3]
     p.smem = int(smem)
