@@ -82,7 +82,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    impls = peers.select_impls(impls_spec=args.impls)
+    impls = [i for i in peers.select_impls(impls_spec=args.impls) if i.available()[0]]
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     doc = {"impls": [i.key for i in impls], "shapes": []}
     for spec in args.shapes.split(","):

@@ -786,6 +786,138 @@ def test_bench_loop_interleaves_rounds(monkeypatch):
         run.run_bench(impls, [shape], 1, 1, progress=_Quiet(), device="cpu", rounds=0, timer=stub_timer)
 
 
+def test_contest_picks_the_close_ones():
+    assert timing.contest([1.0, 1.2, 1.3, 5.0], 1.25) == [0, 1]
+    assert timing.contest([2.0, 1.0, 1.25, 1.26], 1.25) == [1, 2]
+    assert timing.contest([1.0, 3.0], 1.25) == []  # one alone is not a contest
+    assert timing.contest([1.0, 1.0], 0.0) == [] and timing.contest([], 1.25) == []
+    assert timing.contest([1.0, 1.0, 9.0], 100.0) == [0, 1, 2]
+
+
+def test_chunk_medians_are_medians_of_consecutive_slices():
+    assert timing.chunk_medians([1, 2, 3, 10, 20, 30, 7], 3) == [1.5, 6.5, 20]  # 1, 2 | 3, 10 | 20, 30, 7
+    assert timing.chunk_medians([4.0], 1) == [4.0]
+    assert timing.chunk_medians([5, 1, 3, 2], 2) == [3.0, 2.5]
+    with pytest.raises(ValueError):
+        timing.chunk_medians([1.0], 2)
+    with pytest.raises(ValueError):
+        timing.chunk_medians([1.0], 0)
+
+
+def test_call_order_rotates_and_reverses():
+    n = 5
+    orders = [timing.call_order(n, r) for r in range(2 * n)]
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    assert orders[0] == [0, 1, 2, 3, 4] and orders[1] == [4, 3, 2, 1, 0] and orders[2] == [1, 2, 3, 4, 0]
+    for a, b in zip(orders[::2], orders[1::2]):  # within a pair every impl has the same mean position
+        assert b == a[::-1]
+        assert all(a.index(i) + b.index(i) == n - 1 for i in range(n))
+    # over n pairs each impl is first once in the forward repetitions: its predecessor changes
+    assert sorted(o[0] for o in orders[::2]) == list(range(n))
+    assert timing.call_order(0, 3) == []
+    with pytest.raises(ValueError):
+        timing.call_order(3, -1)
+
+
+def _recording_impls(torch, calls):
+    F = torch.nn.functional
+
+    class Rec(peers.Impl):
+        def call(self, p):
+            calls.append(self.key)
+            q, k, v = p
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16()
+
+    return [
+        Rec("rung01", "01", "rung"),
+        Rec("rung02", "02", "rung"),
+        Rec("rung03", "03", "rung"),
+        Rec("fa4", "F", "peer"),
+    ]
+
+
+def test_bench_loop_times_the_close_ones_call_by_call(monkeypatch):
+    """The impls within contest_span of the fastest estimate go to the interleaver together (with the budget
+    of their rounds, their contexts, `rounds` slices); the others are timed in rounds by the timer."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    calls = []
+    impls = _recording_impls(torch, calls)
+    estimates = {"rung01": 10.0, "rung02": 1.2, "rung03": 1.0, "fa4": 1.1}
+    seen = {}
+
+    def estimator(fn):
+        n = len(calls)
+        fn()
+        return estimates[calls[n]]
+
+    def interleaver(fns, warmup_ms, budget_ms, chunks, contexts=None):
+        keys = []
+        for f in fns:
+            n = len(calls)
+            f()
+            keys.append(calls[n])
+        seen.update(keys=keys, warmup=warmup_ms, budget=budget_ms, chunks=chunks, contexts=len(contexts))
+        return [[estimates[k]] * chunks for k in keys]
+
+    def stub_timer(fn, warmup_ms, rep_ms):
+        fn()
+        return 7.0
+
+    shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
+    rows, notes, settings = run.run_bench(
+        impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        contest_span=1.25, estimator=estimator, interleaver=interleaver,
+    )  # fmt: skip
+    assert seen == {
+        "keys": ["rung02", "rung03", "fa4"],
+        "warmup": 5.0,
+        "budget": 3 * 20.0 * 3,
+        "chunks": 3,
+        "contexts": 3,
+    }
+    by = {r["impl"]: r for r in rows}
+    assert by["rung03"]["rounds_ms"] == [1.0, 1.0, 1.0] and by["rung03"]["ms"] == 1.0
+    assert by["fa4"]["ms"] == 1.1 and by["rung02"]["ms"] == 1.2
+    assert by["rung01"]["rounds_ms"] == [7.0, 7.0, 7.0]  # alone: three rounds of the timer
+    assert settings["interleaved"] == {"t-32": ["rung02", "rung03", "fa4"]} and settings["contest_span"] == 1.25
+    assert notes == []
+    # span below 1: no contest, all in rounds; without an estimator on the CPU: the same
+    calls.clear()
+    rows, _, settings = run.run_bench(
+        impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        contest_span=0.0, estimator=estimator, interleaver=interleaver,
+    )  # fmt: skip
+    assert settings["interleaved"] == {} and all(r["rounds_ms"] == [7.0] * 3 for r in rows)
+    rows, _, settings = run.run_bench(
+        impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer
+    )
+    assert settings["interleaved"] == {} and settings["contest_span"] is None
+
+
+def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    calls = []
+    impls = _recording_impls(torch, calls)
+
+    def interleaver(fns, warmup_ms, budget_ms, chunks, contexts=None):
+        raise RuntimeError("events\nbroke")
+
+    def stub_timer(fn, warmup_ms, rep_ms):
+        fn()
+        return 3.0
+
+    shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
+    rows, notes, settings = run.run_bench(
+        impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=2, timer=stub_timer,
+        estimator=lambda fn: 1.0, interleaver=interleaver,
+    )  # fmt: skip
+    assert notes == ["t-32: timed in rounds only, the call-by-call timing failed (RuntimeError: events broke)"]
+    assert settings["interleaved"] == {}
+    assert all(r["status"] == "ok" and r["rounds_ms"] == [3.0, 3.0] for r in rows)
+
+
 def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     import functools
@@ -850,7 +982,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     assert out[-2].startswith("attnclimb_sdpa ") and out[-1].startswith("sdpa_cudnn ") and out[-1].endswith(" 1.00x")
     assert "  rung10 at 4k, 8k: error: RuntimeError: kernel exploded second line" in out
     assert any(line.startswith("07 good") and "(1.00x / 1.00x)" in line for line in out)
-    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 4
+    assert doc["settings"]["rounds"] == run.DEFAULT_ROUNDS == 3 and doc["schema"] == 5
     assert all(len(r["rounds_ms"]) == 3 for r in doc["rows"] if r["status"] == "ok")
     bshd = {r["impl"]: r for r in doc["bshd_view"]["rows"]}
     assert list(bshd) == ["rung07", "sdpa_cudnn", "fa4"] and {r["shape"] for r in bshd.values()} == {"t-v"}
@@ -873,7 +1005,7 @@ def test_bench_main_writes_json_chart_and_prints_table_last(monkeypatch, tmp_pat
     capsys.readouterr()
     assert main(["bench", "--out", str(tmp_path / "three"), "--no-chart", "--no-dropin-rows"]) == 1
     doc = json.loads((tmp_path / "three" / "latest.json").read_text())
-    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 4
+    assert "bshd_view" not in doc and "host_overhead" not in doc and doc["schema"] == 5
     out = capsys.readouterr().out.rstrip("\n").splitlines()
     assert out[-1] == "  rung11 at 4k, 8k: skipped: not installed here"  # without them, the main table is last
     capsys.readouterr()
@@ -917,3 +1049,15 @@ def test_report_refuses_malformed_results(tmp_path, doc):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError):
         report.load_results(path)
+
+
+def test_timing_phrase_says_which_were_timed_call_by_call():
+    old = {"settings": {"rounds": 3}}
+    assert report._timing_phrase(old) == "; median over 3 interleaved rounds"
+    new = {"settings": {"rounds": 3, "contest_span": 1.25, "interleaved": {"fa-4k": ["rung19", "fa4"]}}}
+    phrase = report._timing_phrase(new)
+    assert "within 1.25× of a column's fastest: calls interleaved one by one" in phrase
+    assert phrase.endswith("the others: median over 3 interleaved rounds")
+    none_close = {"settings": {"rounds": 3, "contest_span": 1.25, "interleaved": {}}}
+    assert report._timing_phrase(none_close) == "; median over 3 interleaved rounds"
+    assert report._timing_phrase({"settings": {"rounds": 1}}) == ""

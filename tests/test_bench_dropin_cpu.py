@@ -401,7 +401,7 @@ def _doc(sections=None):
 
 def test_results_json_with_the_sections(tmp_path):
     doc = _doc(_sections())
-    assert doc["schema"] == run.SCHEMA_VERSION == 4
+    assert doc["schema"] == run.SCHEMA_VERSION == 5
     assert list(doc)[-3:] == ["rows", "bshd_view", "host_overhead"]  # the sections come after the rows
     bshd, host = doc["bshd_view"], doc["host_overhead"]
     assert all(set(r) == set(dropin.BSHD_ROW_FIELDS) for r in bshd["rows"])

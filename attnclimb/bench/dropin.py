@@ -182,7 +182,7 @@ def bshd_view_section(bases: list, shapes: list, rows: list, notes: list, settin
         for b in bases:
             c, v = by[(f"{b.key}@{MEMORY['contiguous']}", s.name)], by[(f"{b.key}@{MEMORY['view']}", s.name)]
             out.append(bshd_view_row(b.key, b.label, b.native_layout, s.name, c, v))
-    kept = ("warmup_ms", "rep_ms", "rounds", "order", "timer", "input_sets", "check")
+    kept = ("warmup_ms", "rep_ms", "rounds", "contest_span", "order", "timer", "input_sets", "check", "interleaved")
     return {
         "what": BSHD_WHAT,
         "goal_max_ratio": BSHD_GOAL,

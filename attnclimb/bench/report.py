@@ -293,18 +293,32 @@ def _variants(doc: dict) -> str:
     return "head_dim 128, non-causal" if plain else "head_dim 128, non-causal, equal heads unless the column says"
 
 
+def _rounds_phrase(settings: dict, times: str = "×") -> str:
+    """``"; median over 3 interleaved rounds"`` for results that say how many rounds they ran, else ``""``;
+    when some implementations were timed call by call (schema 5, ``settings.interleaved``), a phrase that
+    says which ones and how."""
+    n = settings.get("rounds")
+    if not (isinstance(n, int) and n > 1):
+        return ""
+    span = settings.get("contest_span")
+    if settings.get("interleaved") and isinstance(span, (int, float)):
+        return (
+            f"; those within {span:g}{times} of a column's fastest: calls interleaved one by one, median over "
+            f"{n} consecutive slices of them; the others: median over {n} interleaved rounds"
+        )
+    return f"; median over {n} interleaved rounds"
+
+
 def _timing_phrase(doc: dict) -> str:
-    """``"; median over 3 interleaved rounds"`` for results that say how many rounds they ran, else ``""``."""
-    n = (doc.get("settings") or {}).get("rounds")
-    return f"; median over {n} interleaved rounds" if isinstance(n, int) and n > 1 else ""
+    """:func:`_rounds_phrase` of the results' settings."""
+    return _rounds_phrase(doc.get("settings") or {})
 
 
 # ------------------------------------------------------------------------------- the drop-in sections
 
 
 def _section_rounds(sec: dict) -> str:
-    n = (sec.get("settings") or {}).get("rounds")
-    return f"; median over {n} interleaved rounds" if isinstance(n, int) and n > 1 else ""
+    return _rounds_phrase(sec.get("settings") or {})
 
 
 def _cell_for(status: str) -> str:

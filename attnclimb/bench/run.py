@@ -3,11 +3,16 @@
 Flow per shape: allocate enough (q, k, v) sets to rotate beyond L2, compute a float32 reference for two
 heads, then check every implementation's output (rel. L2 <= 1e-2, else the row is
 ``"error: wrong result ..."`` and it is not timed). Then the implementations that passed are timed in
-rounds (default 3): every round times each of them once (a median over ~``rep_ms`` of calls), in an
-order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
-so that no implementation always runs right after the same heavy neighbour or at the same point of
-the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
-the per-round values (in round order). The feature columns (causal, grouped-query, head_dim 64 and 256;
+two ways. The ones within ``--contest-span`` (1.25) of the fastest, by a quick estimate, are timed call by
+call, interleaved (:func:`~attnclimb.bench.timing.interleaved_ms`: each repetition calls each of them once,
+the L2 cleared before every call, in an order rotated and reversed between repetitions), so that every
+one of them samples the same states of the power-capped card's clock; the rest in rounds (default 3):
+every round times each of them once (a median over ~``rep_ms`` of calls), in an order that is rotated
+and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`), so that no
+implementation always runs right after the same heavy neighbour or at the same point of the clock's
+drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps the
+per-round values (in round order; for the interleaved ones, the medians of ``rounds`` consecutive slices
+of the repetitions). The feature columns (causal, grouped-query, head_dim 64 and 256;
 issue 8) come last, a group of their own in the JSON (``shapes[].group``; rows and shapes carry
 ``head_dim``) and in the report; an implementation without the variant gets a ``"skipped: ..."`` row
 there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped with ``--no-dropin-rows``): a
@@ -44,8 +49,9 @@ REPO_ROOT = paths.REPO_ROOT
 # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds. 3: the top-level sections "bshd_view" and
 # "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows). 4: rows and
 # shapes carry heads_kv, shapes their group ("main" or "features": causal, GQA and head_dim 64/256 columns,
-# issue 8; head_dim was in rows and shapes from the start).
-SCHEMA_VERSION = 4
+# issue 8; head_dim was in rows and shapes from the start). 5: settings carry contest_span and interleaved (the
+# implementations timed call by call, per shape).
+SCHEMA_VERSION = 5
 ROW_FIELDS = (
     "impl",
     "label",
@@ -71,10 +77,19 @@ RATIO_FIELDS = {"ratio_to_cudnn": peers_mod.REFERENCE_KEY, "ratio_to_fa4": peers
 DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25.0, 100.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
 DEFAULT_ROUNDS = 3
+# The implementations within this factor of the fastest at a shape (a quick estimate after the check) are timed
+# call by call, interleaved (timing.interleaved_ms); the others in rounds. A device probe (benchmarks/ab/
+# timing-probe-33be169-h200.json): the spread of a ratio of two close kernels over four repeats of the whole
+# measurement fell from 0.4-1.0 % (rounds of 125 ms) to 0.02-0.10 % (call by call, the same time).
+DEFAULT_CONTEST_SPAN = 1.25
 ORDER_NOTE = (
-    "per shape: every implementation checked once, then timed once per round; even rounds run the list "
-    "forwards from implementation (r//2)*n//ceil(rounds/2), odd rounds the previous round backwards; "
-    "ms = median over rounds of each round's median (rounds_ms, in round order)"
+    "per shape: every implementation checked once and its time estimated; the ones within contest_span of the "
+    "fastest are timed call by call, interleaved (each repetition calls each once, L2 cleared before each call, "
+    "CUDA events around it; the order rotated and reversed between repetitions; rounds x rep_ms of calls per "
+    "implementation in all; rounds_ms = the medians of `rounds` consecutive slices of the repetitions); the "
+    "others once per round: even rounds run the list forwards from implementation (r//2)*n//ceil(rounds/2), "
+    "odd rounds the previous round backwards; ms = median over rounds of each round's median (rounds_ms, in "
+    "round order); settings.interleaved lists, per shape, the implementations timed call by call"
 )
 NO_HOPPER_EXIT = 2
 
@@ -445,8 +460,12 @@ def run_bench(
     device: str = "cuda",
     rounds: int = DEFAULT_ROUNDS,
     timer=None,
+    contest_span: float = DEFAULT_CONTEST_SPAN,
+    estimator=None,
+    interleaver=None,
 ) -> tuple:
-    """Check every ``impl`` on every ``shape``, then time the ones that passed in interleaved rounds.
+    """Check every ``impl`` on every ``shape``, then time the ones that passed: the close ones call by call,
+    interleaved, the others in interleaved rounds.
 
     Args:
         warmup_ms, rep_ms: budgets of one measurement (one impl, one shape, one round), passed to ``timer``.
@@ -454,6 +473,15 @@ def run_bench(
             :func:`~attnclimb.bench.timing.round_order` gives (see the module docstring).
         timer: ``timer(fn, warmup_ms, rep_ms) -> median ms of one fn() call``; default
             :func:`~attnclimb.bench.timing.median_ms` (a seam for the CPU tests).
+        contest_span: the impls whose estimated time is within this factor of the fastest at a shape
+            (:func:`~attnclimb.bench.timing.contest`) are timed together by ``interleaver``, with
+            ``rounds x rep_ms`` of calls each and ``rounds`` slices reported as ``rounds_ms``; below 1, none.
+        estimator: ``estimator(fn) -> ms``, the quick estimate; default
+            :func:`~attnclimb.bench.timing.estimate_ms` on CUDA, none on ``"cpu"`` (then every impl is
+            timed in rounds).
+        interleaver: ``interleaver(fns, warmup_ms, budget_ms, chunks, contexts=...) -> per fn, chunks
+            medians``; default :func:`~attnclimb.bench.timing.interleaved_ms`. If it raises, its impls are
+            timed in rounds instead (with a note).
         device: ``"cpu"`` exists for the CPU tests of this loop (with a fake timer); benchmarks use CUDA.
 
     Returns ``(rows, notes, settings)``: rows without ratios (see :func:`build_results`), in impl order
@@ -466,6 +494,8 @@ def run_bench(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     time_fn = timer if timer is not None else timing.median_ms
+    estimate = estimator if estimator is not None else (timing.estimate_ms if device != "cpu" else None)
+    together_fn = interleaver if interleaver is not None else timing.interleaved_ms
     notes, rows = [], []
     avail = {}
     for impl in impls:
@@ -478,7 +508,9 @@ def run_bench(
         "warmup_ms": warmup_ms,
         "rep_ms": rep_ms,
         "rounds": rounds,
+        "contest_span": contest_span if estimate is not None else None,
         "order": ORDER_NOTE,
+        "interleaved": {},
         "timer": timing.timer_name() if timer is None else getattr(timer, "__name__", "custom"),
         "l2_bytes": l2,
         "input_sets": {},
@@ -552,10 +584,45 @@ def run_bench(
             live.append([impl, timing.rotating(impl.call, prepared), err, []])
             prepared = None
 
-        # 2. time the live impls in rounds, the order rotated and reversed from round to round
+        # 2. the impls close to the fastest: timed call by call, interleaved
+        together = []
+        if estimate is not None and contest_span >= 1 and len(live) > 1 and dead is None:
+            prog.describe(f"estimate @ {shape.label}")
+            try:
+                est = []
+                for impl, fn, *_ in live:
+                    with torch.no_grad(), impl.context():
+                        est.append(float(estimate(fn)))
+                together = timing.contest(est, contest_span)
+                if together:
+                    prog.describe(f"{len(together)} interleaved @ {shape.label}")
+                    with torch.no_grad():
+                        meds = together_fn(
+                            [live[i][1] for i in together],
+                            warmup_ms,
+                            rounds * rep_ms * len(together),
+                            rounds,
+                            contexts=[live[i][0].context for i in together],
+                        )
+                    for i, m in zip(together, meds):
+                        live[i][3] = [float(x) for x in m]
+                    settings["interleaved"][shape.name] = [live[i][0].key for i in together]
+                    prog.advance(rounds * len(together))
+            except Exception as exc:
+                notes.append(
+                    f"{shape.name}: timed in rounds only, the call-by-call timing failed ({peers_mod._one_line(exc)})"
+                )
+                prog.log(notes[-1])
+                lost_context("interleaved timing", shape)
+                together = []
+                for entry in live:
+                    entry[3] = []
+
+        # 3. the other live impls in rounds, the order rotated and reversed from round to round
+        alone = [e for i, e in enumerate(live) if i not in together]
         for rnd in range(rounds):
-            for idx in timing.round_order(len(live), rnd, rounds):
-                entry = live[idx]
+            for idx in timing.round_order(len(alone), rnd, rounds):
+                entry = alone[idx]
                 impl, fn = entry[0], entry[1]
                 if impl.key in final:  # failed in an earlier round
                     continue
@@ -670,6 +737,15 @@ def add_arguments(p) -> None:
         "changes from round to round; report the median of the rounds (default: %(default)s)",
     )
     p.add_argument(
+        "--contest-span",
+        type=float,
+        default=DEFAULT_CONTEST_SPAN,
+        metavar="X",
+        help="time the implementations within X times the fastest at each shape call by call, interleaved, "
+        "instead of in rounds (the same time in all; a far finer ratio on a power-capped card); below 1: all "
+        "in rounds (default: %(default)s)",
+    )
+    p.add_argument(
         "--out",
         metavar="DIR",
         default=None,
@@ -734,7 +810,15 @@ def main(args) -> int:
     t0 = time.monotonic()
     started = datetime.now(timezone.utc)
     env = collect_env(started)
-    rows, notes, settings = run_bench(impls, shapes, warmup, rep, respect_limits=not args.no_limits, rounds=rounds)
+    rows, notes, settings = run_bench(
+        impls,
+        shapes,
+        warmup,
+        rep,
+        respect_limits=not args.no_limits,
+        rounds=rounds,
+        contest_span=getattr(args, "contest_span", DEFAULT_CONTEST_SPAN),
+    )
     sections = {}
     if not args.no_dropin_rows:
         if any(n.startswith("CUDA context lost") for n in notes):

@@ -2,12 +2,13 @@
 reference check.
 
 All functions here need a CUDA device except :func:`num_input_sets`, :func:`rotating`,
-:func:`round_order`, :func:`median_of_rounds`, :func:`wall_us_per_call` given a ``sync`` and the
-reference helpers (which work on CPU tensors too).
+:func:`round_order`, :func:`median_of_rounds`, :func:`contest`, :func:`chunk_medians`,
+:func:`wall_us_per_call` given a ``sync`` and the reference helpers (which work on CPU tensors too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -16,6 +17,9 @@ from ..reference import rel_l2  # one definition of the error metric, shared wit
 
 DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H100/H200: 50 / 60 MB
 REL_L2_TOL = 1e-2
+# Bytes written before every timed call of the interleaved timer to push the last call's data out of L2
+# (triton.testing.do_bench clears the same 256 MB before each of its calls).
+FLUSH_BYTES = 256 * 1024 * 1024
 
 
 def l2_cache_bytes() -> int:
@@ -85,6 +89,16 @@ def round_order(n: int, round_index: int, rounds: int) -> list:
     return order[::-1] if round_index % 2 else order
 
 
+def call_order(n: int, rep: int) -> list:
+    """The order of the ``n`` calls of repetition ``rep`` in :func:`interleaved_ms`: from ``(rep // 2) % n``
+    forwards, wrapping around, on even ``rep``; the same list backwards on odd ``rep``."""
+    if n < 0 or rep < 0:
+        raise ValueError(f"need n >= 0 and rep >= 0, got {n}, {rep}")
+    start = (rep // 2) % n if n else 0
+    order = [*range(start, n), *range(start)]
+    return order[::-1] if rep % 2 else order
+
+
 def median_of_rounds(round_medians) -> float:
     """The reported time: the median over rounds of each round's median (the mean of the middle two for
     an even number of rounds). ``ValueError`` when empty."""
@@ -124,6 +138,113 @@ def wall_us_per_call(fn, calls: int = 2000, reps: int = 5, warmup_calls: int = 2
         sync()
         per_call.append((clock() - t0) / calls * 1e6)
     return statistics.median(per_call)
+
+
+def contest(estimates_ms, span: float) -> list:
+    """Indices of the implementations close enough to the fastest to be timed call by call together.
+
+    ``estimates_ms``: one time per implementation (ms per call, from :func:`estimate_ms`). Returns, in
+    input order, the indices whose estimate is at most ``span`` times the smallest; an empty list when
+    fewer than two qualify or ``span`` is below 1 (then every implementation is timed in rounds of its own).
+    """
+    if not estimates_ms or span < 1:
+        return []
+    lo = min(estimates_ms)
+    picked = [i for i, t in enumerate(estimates_ms) if t <= span * lo]
+    return picked if len(picked) > 1 else []
+
+
+def chunk_medians(times, chunks: int) -> list:
+    """The medians of ``chunks`` consecutive, near-equal slices of ``times`` (at least one value each).
+
+    ``ValueError`` when ``chunks < 1`` or there are fewer values than chunks.
+    """
+    if chunks < 1 or len(times) < chunks:
+        raise ValueError(f"need 1 <= chunks <= len(times), got {chunks} chunks of {len(times)} values")
+    n = len(times)
+    return [statistics.median(times[c * n // chunks : (c + 1) * n // chunks]) for c in range(chunks)]
+
+
+def estimate_ms(fn, flush=None, calls: int = 3) -> float:
+    """A quick time of one ``fn()`` call in ms (the median of ``calls`` calls, each after the L2 is cleared
+    by zeroing ``flush``, a CUDA tensor, when given), after one untimed call. For sizing, not for reporting."""
+    import torch
+
+    fn()
+    times = []
+    for _ in range(calls):
+        if flush is not None:
+            flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def flush_buffer():
+    """A CUDA buffer of :data:`FLUSH_BYTES`; zeroing it evicts the L2 (50-60 MB on H100/H200)."""
+    import torch
+
+    return torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+
+def interleaved_ms(
+    fns, warmup_ms: float, budget_ms: float, chunks: int, flush=None, contexts=None, max_reps: int = 20000
+) -> list:
+    """Time several implementations of one problem call by call, interleaved: per call medians in ms.
+
+    After ~``warmup_ms`` of untimed calls of each, every repetition calls each ``fn`` once, in the order
+    :func:`call_order` gives for that repetition (rotated by one every other repetition, and reversed
+    every other repetition: within a pair each has the same mean position, and its neighbours change), each
+    call after the L2 is cleared (``flush`` zeroed, as ``triton.testing.do_bench`` does) and bracketed by
+    its own pair of CUDA events. Repetitions: enough for ~``budget_ms`` of timed calls in all (at least
+    ``chunks``, at most ``max_reps``). On a power-capped card the SM clock wanders over tens to hundreds of
+    ms; a median over one window of each implementation in turn (the rounds) picks up that wander as
+    noise in every ratio, while here every implementation samples the same clock states.
+
+    Args:
+        fns: zero-argument callables (e.g. :func:`rotating` over prepared inputs), all of one shape.
+        chunks: how many consecutive slices of the repetitions to summarise separately.
+        flush: a CUDA tensor to zero before each call (default :func:`flush_buffer`).
+        contexts: per ``fn``, a zero-argument context-manager factory entered around its calls (outside
+            the events), e.g. an SDPA backend pin; default none.
+
+    Returns:
+        per ``fn``, ``chunks`` medians (ms per call), one per slice of the repetitions in time order.
+
+    Raises:
+        ValueError: no ``fns`` or ``chunks < 1``.
+    """
+    import torch
+
+    if not fns or chunks < 1:
+        raise ValueError(f"need at least one fn and chunks >= 1, got {len(fns)} fns, {chunks} chunks")
+    flush = flush_buffer() if flush is None else flush
+    contexts = contexts or [contextlib.nullcontext] * len(fns)
+    est = []
+    for f, ctx in zip(fns, contexts):
+        with ctx():
+            est.append(estimate_ms(f, flush))
+            for _ in range(max(1, int(warmup_ms / max(est[-1], 1e-3)))):
+                f()
+    torch.cuda.synchronize()
+    n = len(fns)
+    reps = min(max_reps, max(chunks, math.ceil(budget_ms / max(sum(est), 1e-3))))
+    events = [[] for _ in fns]
+    for r in range(reps):
+        for i in call_order(n, r):
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with contexts[i]():
+                s.record()
+                fns[i]()
+                e.record()
+            events[i].append((s, e))
+    torch.cuda.synchronize()
+    return [chunk_medians([s.elapsed_time(e) for s, e in ev], chunks) for ev in events]
 
 
 def _have_triton_do_bench():

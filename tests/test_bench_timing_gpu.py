@@ -1,0 +1,51 @@
+"""The bench's call-by-call timer on a GPU (skipped otherwise): times that follow the work, the contexts
+entered, and the bench loop timing a top rung and cuDNN together.
+
+Run: python -m pytest -q -m gpu tests/test_bench_timing_gpu.py
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+from attnclimb import rungs
+from attnclimb.bench import peers, run, shapes, timing
+
+pytestmark = pytest.mark.gpu
+
+
+def test_interleaved_times_follow_the_work():
+    cycles = 2_000_000  # ~1 ms at 1.98 GHz
+    entered = []
+
+    def ctx(tag):
+        @contextlib.contextmanager
+        def cm():
+            entered.append(tag)
+            yield
+
+        return cm
+
+    fns = [lambda: torch.cuda._sleep(cycles), lambda: torch.cuda._sleep(2 * cycles)]
+    meds = timing.interleaved_ms(fns, 5.0, 60.0, 3, contexts=[ctx("a"), ctx("b")])
+    assert len(meds) == 2 and all(len(m) == 3 for m in meds)
+    for one, two in zip(*meds):
+        assert one > 0 and two / one == pytest.approx(2.0, rel=0.05)
+    # every timed call entered its own context (plus the estimate's and warm-up's)
+    assert entered.count("a") >= 3 and entered.count("b") >= 3 and set(entered) == {"a", "b"}
+    assert timing.estimate_ms(fns[1]) == pytest.approx(2 * timing.estimate_ms(fns[0]), rel=0.05)
+
+
+def test_bench_loop_times_top_rung_and_cudnn_together():
+    impls = [peers.RungImpl(rungs.TOP), peers.make_peer("sdpa_cudnn")]
+    impls = [i for i in impls if i.available()[0]]
+    if len(impls) < 2:
+        pytest.skip("SDPA cuDNN not available")
+    shape = shapes.Shape("t-1k", "1k", 2, 4, 1024, 1024)
+    rows, notes, settings = run.run_bench(impls, [shape], 2.0, 10.0, rounds=3, contest_span=100.0)
+    assert notes == []
+    assert settings["interleaved"] == {"t-1k": [i.key for i in impls]}
+    for r in rows:
+        assert r["status"] == "ok" and len(r["rounds_ms"]) == 3 and r["ms"] > 0
+        assert min(r["rounds_ms"]) <= r["ms"] <= max(r["rounds_ms"])
