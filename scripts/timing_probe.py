@@ -35,11 +35,16 @@ def shape_of(spec):
     return Shape(name=f"b{b}h{h}s{s}", label=f"{s // 1024}k", batch=b, heads=h, seqlen_q=s, seqlen_k=s, head_dim=128)
 
 
+STAMPS = []  # (method, impl index or None for all, wall start, wall end): to match nvidia-smi's clock samples
+
+
 def windows(fns, rounds, warmup, rep):
     per = [[] for _ in fns]
     for r in range(rounds):
         for i in timing.round_order(len(fns), r, rounds):
+            t0 = time.time()
             per[i].append(float(triton.testing.do_bench(fns[i], warmup=warmup, rep=rep, return_mode="median")))
+            STAMPS.append((f"win{rounds}x{rep}", i, t0, time.time()))
     return [statistics.median(p) for p in per], per
 
 
@@ -81,6 +86,7 @@ def main():
     ap.add_argument("--impls", default="rung16,rung17,rung18,rung19,sdpa_cudnn")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--methods", default="win3x100,win11x30,win5x400,calls")
     args = ap.parse_args()
     impls = [i for i in peers.select_impls(impls_spec=args.impls) if i.available()[0]]
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
@@ -94,18 +100,24 @@ def main():
             fns.append(timing.rotating(impl.call, prepared))
             fns[-1]()
         torch.cuda.synchronize()
-        methods = {"win3x100": (3, 25, 100), "win11x30": (11, 5, 30), "win5x400": (5, 100, 400), "calls": None}
+        known = {"win3x100": (3, 25, 100), "win11x30": (11, 5, 30), "win5x400": (5, 100, 400), "calls": None}
+        methods = {m: known[m] for m in args.methods.split(",")}
         res = {m: [] for m in methods}
         secs = dict.fromkeys(methods, 0.0)
         with torch.no_grad():
             for _ in range(args.repeats):
                 for m, how in methods.items():
                     t0 = time.perf_counter()
+                    w0 = time.time()
                     res[m].append(windows(fns, *how)[0] if how else calls(fns, 3 * 125 * len(fns), flush)[0])
                     secs[m] += time.perf_counter() - t0
+                    if not how:
+                        STAMPS.append(("calls", None, w0, time.time()))
         flops = shape.flops
         entry = {"shape": spec, "ms": res, "seconds": secs}
         doc["shapes"].append(entry)
+        entry["stamps"] = list(STAMPS)
+        STAMPS.clear()
         keys = [i.key for i in impls]
         print(f"\n== {spec}  (TFLOP/s per repeat; ratio spreads = stdev over repeats, %)")
         for m in methods:
