@@ -867,7 +867,7 @@ def test_bench_loop_times_the_close_ones_call_by_call(monkeypatch):
     shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
     rows, notes, settings = run.run_bench(
         impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
-        contest_span=1.25, estimator=estimator, interleaver=interleaver,
+        contest_span=1.25, estimator=estimator, interleaver=interleaver, interleave=True,
     )  # fmt: skip
     assert seen == {
         "keys": ["rung02", "rung03", "fa4"],
@@ -881,18 +881,71 @@ def test_bench_loop_times_the_close_ones_call_by_call(monkeypatch):
     assert by["fa4"]["ms"] == 1.1 and by["rung02"]["ms"] == 1.2
     assert by["rung01"]["rounds_ms"] == [7.0, 7.0, 7.0]  # alone: three rounds of the timer
     assert settings["interleaved"] == {"t-32": ["rung02", "rung03", "fa4"]} and settings["contest_span"] == 1.25
+    assert settings["contenders"] == settings["interleaved"] and settings["contest_mode"] == "interleaved"
     assert notes == []
     # span below 1: no contest, all in rounds; without an estimator on the CPU: the same
     calls.clear()
     rows, _, settings = run.run_bench(
         impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
-        contest_span=0.0, estimator=estimator, interleaver=interleaver,
+        contest_span=0.0, estimator=estimator, interleaver=interleaver, interleave=True,
     )  # fmt: skip
     assert settings["interleaved"] == {} and all(r["rounds_ms"] == [7.0] * 3 for r in rows)
     rows, _, settings = run.run_bench(
         impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer
     )
     assert settings["interleaved"] == {} and settings["contest_span"] is None
+
+
+def test_bench_loop_gives_the_contenders_longer_rounds(monkeypatch):
+    """By default the contenders on a main shape are timed in the rounds with the contest's warm-up and rep; a
+    feature-group shape has no contest."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    calls = []
+    impls = _recording_impls(torch, calls)
+    estimates = {"rung01": 10.0, "rung02": 1.2, "rung03": 1.0, "fa4": 1.05}
+    budgets = {}
+
+    def estimator(fn):
+        n = len(calls)
+        fn()
+        return estimates[calls[n]]
+
+    def stub_timer(fn, warmup_ms, rep_ms):
+        n = len(calls)
+        fn()
+        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
+        return estimates[calls[n]]
+
+    def no_interleaver(*a, **k):
+        raise AssertionError("not without interleave")
+
+    main = shapes.Shape("t-32", "32", 1, 2, 32, 32)
+    feat = shapes.Shape("t-32c", "32c", 1, 2, 32, 32, causal=True, group=shapes.FEATURE_GROUP)
+    rows, notes, settings = run.run_bench(
+        impls, [main], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        estimator=estimator, interleaver=no_interleaver, contest_warmup_ms=70.0, contest_rep_ms=30.0,
+    )  # fmt: skip
+    assert settings["contenders"] == {"t-32": ["rung03", "fa4"]} and settings["interleaved"] == {}
+    assert settings["contest_span"] == run.DEFAULT_CONTEST_SPAN == 1.1 and settings["contest_mode"] == "rounds"
+    assert budgets == {
+        "rung01": {(5.0, 20.0)},
+        "rung02": {(5.0, 20.0)},
+        "rung03": {(70.0, 30.0)},
+        "fa4": {(70.0, 30.0)},
+    }
+    assert all(len(r["rounds_ms"]) == 3 for r in rows) and notes == []
+    phrase = report._timing_phrase({"settings": settings})
+    assert phrase == (
+        "; median over 3 interleaved rounds, in which those within 1.1× of a column's fastest run 70 ms before "
+        "30 ms of timed calls (the power-capped clock settles)"
+    )
+    budgets.clear()
+    rows, notes, settings = run.run_bench(
+        impls, [feat], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        estimator=estimator, interleaver=no_interleaver,
+    )  # fmt: skip
+    assert settings["contenders"] == {} and all(b == {(5.0, 20.0)} for b in budgets.values())
 
 
 def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch):
@@ -911,7 +964,7 @@ def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch)
     shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
     rows, notes, settings = run.run_bench(
         impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=2, timer=stub_timer,
-        estimator=lambda fn: 1.0, interleaver=interleaver,
+        estimator=lambda fn: 1.0, interleaver=interleaver, interleave=True,
     )  # fmt: skip
     assert notes == ["t-32: timed in rounds only, the call-by-call timing failed (RuntimeError: events broke)"]
     assert settings["interleaved"] == {}

@@ -1,5 +1,5 @@
-"""The bench's call-by-call timer on a GPU (skipped otherwise): times that follow the work, the contexts
-entered, and the bench loop timing a top rung and cuDNN together.
+"""The bench's contest on a GPU (skipped otherwise): the call-by-call timer's times follow the work and enter
+the contexts; the bench loop times a top rung and cuDNN as contenders, in rounds and call by call.
 
 Run: python -m pytest -q -m gpu tests/test_bench_timing_gpu.py
 """
@@ -43,9 +43,13 @@ def test_bench_loop_times_top_rung_and_cudnn_together():
     if len(impls) < 2:
         pytest.skip("SDPA cuDNN not available")
     shape = shapes.Shape("t-1k", "1k", 2, 4, 1024, 1024)
-    rows, notes, settings = run.run_bench(impls, [shape], 2.0, 10.0, rounds=3, contest_span=100.0)
-    assert notes == []
-    assert settings["interleaved"] == {"t-1k": [i.key for i in impls]}
-    for r in rows:
-        assert r["status"] == "ok" and len(r["rounds_ms"]) == 3 and r["ms"] > 0
-        assert min(r["rounds_ms"]) <= r["ms"] <= max(r["rounds_ms"])
+    for interleave in (False, True):
+        rows, notes, settings = run.run_bench(
+            impls, [shape], 2.0, 10.0, rounds=3, contest_span=100.0, interleave=interleave, contest_warmup_ms=20.0
+        )
+        assert notes == []
+        assert settings["contenders"] == {"t-1k": [i.key for i in impls]}
+        assert settings["interleaved"] == (settings["contenders"] if interleave else {})
+        for r in rows:
+            assert r["status"] == "ok" and len(r["rounds_ms"]) == 3 and r["ms"] > 0
+            assert min(r["rounds_ms"]) <= r["ms"] <= max(r["rounds_ms"])

@@ -182,7 +182,8 @@ def bshd_view_section(bases: list, shapes: list, rows: list, notes: list, settin
         for b in bases:
             c, v = by[(f"{b.key}@{MEMORY['contiguous']}", s.name)], by[(f"{b.key}@{MEMORY['view']}", s.name)]
             out.append(bshd_view_row(b.key, b.label, b.native_layout, s.name, c, v))
-    kept = ("warmup_ms", "rep_ms", "rounds", "contest_span", "order", "timer", "input_sets", "check", "interleaved")
+    kept = ("warmup_ms", "rep_ms", "rounds", "order", "timer", "input_sets", "check")
+    kept += ("contest_span", "contest_warmup_ms", "contest_rep_ms", "contest_mode", "contenders", "interleaved")
     return {
         "what": BSHD_WHAT,
         "goal_max_ratio": BSHD_GOAL,

@@ -295,8 +295,8 @@ def _variants(doc: dict) -> str:
 
 def _rounds_phrase(settings: dict, times: str = "×") -> str:
     """``"; median over 3 interleaved rounds"`` for results that say how many rounds they ran, else ``""``;
-    when some implementations were timed call by call (schema 5, ``settings.interleaved``), a phrase that
-    says which ones and how."""
+    schema 5 adds how the close ones were timed (``settings.contenders``: longer rounds, or call by call with
+    ``settings.interleaved``)."""
     n = settings.get("rounds")
     if not (isinstance(n, int) and n > 1):
         return ""
@@ -305,6 +305,12 @@ def _rounds_phrase(settings: dict, times: str = "×") -> str:
         return (
             f"; those within {span:g}{times} of a column's fastest: calls interleaved one by one, median over "
             f"{n} consecutive slices of them; the others: median over {n} interleaved rounds"
+        )
+    w, r = settings.get("contest_warmup_ms"), settings.get("contest_rep_ms")
+    if settings.get("contenders") and isinstance(span, (int, float)) and w and r:
+        return (
+            f"; median over {n} interleaved rounds, in which those within {span:g}{times} of a column's fastest "
+            f"run {w:g} ms before {r:g} ms of timed calls (the power-capped clock settles)"
         )
     return f"; median over {n} interleaved rounds"
 

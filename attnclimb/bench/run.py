@@ -2,17 +2,18 @@
 
 Flow per shape: allocate enough (q, k, v) sets to rotate beyond L2, compute a float32 reference for two
 heads, then check every implementation's output (rel. L2 <= 1e-2, else the row is
-``"error: wrong result ..."`` and it is not timed). Then the implementations that passed are timed in
-two ways. The ones within ``--contest-span`` (1.25) of the fastest, by a quick estimate, are timed call by
-call, interleaved (:func:`~attnclimb.bench.timing.interleaved_ms`: each repetition calls each of them once,
-the L2 cleared before every call, in an order rotated and reversed between repetitions), so that every
-one of them samples the same states of the power-capped card's clock; the rest in rounds (default 3):
-every round times each of them once (a median over ~``rep_ms`` of calls), in an order that is rotated
-and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`), so that no
-implementation always runs right after the same heavy neighbour or at the same point of the clock's
-drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps the
-per-round values (in round order; for the interleaved ones, the medians of ``rounds`` consecutive slices
-of the repetitions). The feature columns (causal, grouped-query, head_dim 64 and 256;
+``"error: wrong result ..."`` and it is not timed). Then the implementations that passed are timed
+in rounds (default 3): every round times each of them once (a median over ~``rep_ms`` of calls), in an
+order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
+so that no implementation always runs right after the same heavy neighbour or at the same point of
+the clock's drift. The close ones on the main shapes (within ``--contest-span``, 1.1x, of the fastest by
+a quick estimate) get a longer measurement in each round (``CONTEST_WARMUP_MS`` then ``CONTEST_REP_MS``): the
+card runs at its power cap, where each kernel settles at a clock of its own within a few hundred ms of
+starting, and a median over the settling time is noise in every close ratio. A row's ``ms`` is the median
+over rounds of each round's median; ``rounds_ms`` keeps the per-round values (in round order). With
+``--interleave`` the close ones are timed call by call instead (:func:`~attnclimb.bench.timing.interleaved_ms`):
+a far finer ratio, but at one clock shared by all of them, which is not what each gets alone.
+The feature columns (causal, grouped-query, head_dim 64 and 256;
 issue 8) come last, a group of their own in the JSON (``shapes[].group``; rows and shapes carry
 ``head_dim``) and in the report; an implementation without the variant gets a ``"skipped: ..."`` row
 there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped with ``--no-dropin-rows``): a
@@ -49,8 +50,8 @@ REPO_ROOT = paths.REPO_ROOT
 # 2: rows carry ratio_to_fa4 and rounds_ms; settings carry rounds. 3: the top-level sections "bshd_view" and
 # "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows). 4: rows and
 # shapes carry heads_kv, shapes their group ("main" or "features": causal, GQA and head_dim 64/256 columns,
-# issue 8; head_dim was in rows and shapes from the start). 5: settings carry contest_span and interleaved (the
-# implementations timed call by call, per shape).
+# issue 8; head_dim was in rows and shapes from the start). 5: settings carry the contest's span, times and mode
+# and, per shape, the contenders (and the implementations timed call by call, with --interleave).
 SCHEMA_VERSION = 5
 ROW_FIELDS = (
     "impl",
@@ -74,22 +75,27 @@ ROW_FIELDS = (
 RATIO_FIELDS = {"ratio_to_cudnn": peers_mod.REFERENCE_KEY, "ratio_to_fa4": peers_mod.FA4_KEY}
 # Time budgets of one measurement: one implementation on one shape in one round (do_bench's warmup and
 # rep, in ms: the number of calls follows from the kernel's time, at least one of each).
-DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25.0, 100.0
+DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 10.0, 50.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
 DEFAULT_ROUNDS = 3
-# The implementations within this factor of the fastest at a shape (a quick estimate after the check) are timed
-# call by call, interleaved (timing.interleaved_ms); the others in rounds. A device probe (benchmarks/ab/
-# timing-probe-33be169-h200.json): the spread of a ratio of two close kernels over four repeats of the whole
-# measurement fell from 0.4-1.0 % (rounds of 125 ms) to 0.02-0.10 % (call by call, the same time).
-DEFAULT_CONTEST_SPAN = 1.25
+# The contest (the implementations within DEFAULT_CONTEST_SPAN of the fastest at a main-group shape, by a quick
+# estimate after the check): per round, CONTEST_WARMUP_MS of calls before CONTEST_REP_MS of timed ones. Two device
+# probes (benchmarks/ab/timing-probe-*-h200.json): at the 690 W cap a kernel's SM clock settles at its own level
+# (1 650-1 800 MHz by kernel at 4k) over 100-300 ms after the switch from another kernel; 3 rounds of 25 + 100 ms
+# left ratios of close kernels with a spread of 0.5-1.6 % over repeats, 5 rounds of 100 + 400 ms 0.03-0.7 %.
+# Timing them call by call, interleaved (--interleave), spread 0.02-0.10 %, but every kernel then runs at the
+# clock of the mix (1 710 MHz at 4k): rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way.
+DEFAULT_CONTEST_SPAN = 1.1
+CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
 ORDER_NOTE = (
-    "per shape: every implementation checked once and its time estimated; the ones within contest_span of the "
-    "fastest are timed call by call, interleaved (each repetition calls each once, L2 cleared before each call, "
-    "CUDA events around it; the order rotated and reversed between repetitions; rounds x rep_ms of calls per "
-    "implementation in all; rounds_ms = the medians of `rounds` consecutive slices of the repetitions); the "
-    "others once per round: even rounds run the list forwards from implementation (r//2)*n//ceil(rounds/2), "
-    "odd rounds the previous round backwards; ms = median over rounds of each round's median (rounds_ms, in "
-    "round order); settings.interleaved lists, per shape, the implementations timed call by call"
+    "per shape: every implementation checked once, then timed once per round; even rounds run the list "
+    "forwards from implementation (r//2)*n//ceil(rounds/2), odd rounds the previous round backwards; "
+    "ms = median over rounds of each round's median (rounds_ms, in round order); on main-group shapes the "
+    "implementations within contest_span of the fastest (a quick estimate after the check; settings.contenders) "
+    "get contest_warmup_ms of calls then contest_rep_ms timed in each round, so that the power-capped clock "
+    "settles; with contest_mode 'interleaved' they are instead timed call by call, interleaved (L2 cleared "
+    "before each call, events around it, order rotated and reversed between repetitions, rounds x rep_ms of "
+    "calls each; rounds_ms = the medians of `rounds` consecutive slices), all at the mix's clock"
 )
 NO_HOPPER_EXIT = 2
 
@@ -463,9 +469,12 @@ def run_bench(
     contest_span: float = DEFAULT_CONTEST_SPAN,
     estimator=None,
     interleaver=None,
+    interleave: bool = False,
+    contest_warmup_ms: float = CONTEST_WARMUP_MS,
+    contest_rep_ms: float = CONTEST_REP_MS,
 ) -> tuple:
-    """Check every ``impl`` on every ``shape``, then time the ones that passed: the close ones call by call,
-    interleaved, the others in interleaved rounds.
+    """Check every ``impl`` on every ``shape``, then time the ones that passed in interleaved rounds, the close
+    ones on the main shapes with a longer measurement per round (or call by call with ``interleave``).
 
     Args:
         warmup_ms, rep_ms: budgets of one measurement (one impl, one shape, one round), passed to ``timer``.
@@ -473,12 +482,13 @@ def run_bench(
             :func:`~attnclimb.bench.timing.round_order` gives (see the module docstring).
         timer: ``timer(fn, warmup_ms, rep_ms) -> median ms of one fn() call``; default
             :func:`~attnclimb.bench.timing.median_ms` (a seam for the CPU tests).
-        contest_span: the impls whose estimated time is within this factor of the fastest at a shape
-            (:func:`~attnclimb.bench.timing.contest`) are timed together by ``interleaver``, with
-            ``rounds x rep_ms`` of calls each and ``rounds`` slices reported as ``rounds_ms``; below 1, none.
+        contest_span: on shapes of the main group, the impls whose estimated time is within this factor of
+            the fastest (:func:`~attnclimb.bench.timing.contest`) are the contenders: their measurements use
+            ``contest_warmup_ms`` and ``contest_rep_ms``; below 1, none.
+        interleave: time the contenders together by ``interleaver`` instead, with ``rounds x rep_ms`` of calls
+            each and ``rounds`` slices reported as ``rounds_ms`` (one clock for all; see the module docstring).
         estimator: ``estimator(fn) -> ms``, the quick estimate; default
-            :func:`~attnclimb.bench.timing.estimate_ms` on CUDA, none on ``"cpu"`` (then every impl is
-            timed in rounds).
+            :func:`~attnclimb.bench.timing.estimate_ms` on CUDA, none on ``"cpu"`` (then there is no contest).
         interleaver: ``interleaver(fns, warmup_ms, budget_ms, chunks, contexts=...) -> per fn, chunks
             medians``; default :func:`~attnclimb.bench.timing.interleaved_ms`. If it raises, its impls are
             timed in rounds instead (with a note).
@@ -509,7 +519,11 @@ def run_bench(
         "rep_ms": rep_ms,
         "rounds": rounds,
         "contest_span": contest_span if estimate is not None else None,
+        "contest_warmup_ms": contest_warmup_ms,
+        "contest_rep_ms": contest_rep_ms,
+        "contest_mode": "interleaved" if interleave else "rounds",
         "order": ORDER_NOTE,
+        "contenders": {},
         "interleaved": {},
         "timer": timing.timer_name() if timer is None else getattr(timer, "__name__", "custom"),
         "l2_bytes": l2,
@@ -584,41 +598,50 @@ def run_bench(
             live.append([impl, timing.rotating(impl.call, prepared), err, []])
             prepared = None
 
-        # 2. the impls close to the fastest: timed call by call, interleaved
-        together = []
-        if estimate is not None and contest_span >= 1 and len(live) > 1 and dead is None:
+        # 2. the contest: the impls close to the fastest on a main shape
+        contenders, together = [], []
+        main_shape = getattr(shape, "group", shapes_mod.MAIN_GROUP) == shapes_mod.MAIN_GROUP
+        if estimate is not None and contest_span >= 1 and len(live) > 1 and main_shape and dead is None:
             prog.describe(f"estimate @ {shape.label}")
             try:
                 est = []
                 for impl, fn, *_ in live:
                     with torch.no_grad(), impl.context():
                         est.append(float(estimate(fn)))
-                together = timing.contest(est, contest_span)
-                if together:
-                    prog.describe(f"{len(together)} interleaved @ {shape.label}")
-                    with torch.no_grad():
-                        meds = together_fn(
-                            [live[i][1] for i in together],
-                            warmup_ms,
-                            rounds * rep_ms * len(together),
-                            rounds,
-                            contexts=[live[i][0].context for i in together],
-                        )
-                    for i, m in zip(together, meds):
-                        live[i][3] = [float(x) for x in m]
-                    settings["interleaved"][shape.name] = [live[i][0].key for i in together]
-                    prog.advance(rounds * len(together))
+                contenders = timing.contest(est, contest_span)
+            except Exception as exc:
+                notes.append(f"{shape.name}: no contest, the estimate failed ({peers_mod._one_line(exc)})")
+                prog.log(notes[-1])
+                lost_context("the estimate", shape)
+            if contenders:
+                settings["contenders"][shape.name] = [live[i][0].key for i in contenders]
+        if contenders and interleave and dead is None:
+            prog.describe(f"{len(contenders)} interleaved @ {shape.label}")
+            try:
+                with torch.no_grad():
+                    meds = together_fn(
+                        [live[i][1] for i in contenders],
+                        warmup_ms,
+                        rounds * rep_ms * len(contenders),
+                        rounds,
+                        contexts=[live[i][0].context for i in contenders],
+                    )
+                for i, m in zip(contenders, meds):
+                    live[i][3] = [float(x) for x in m]
+                together = contenders
+                settings["interleaved"][shape.name] = [live[i][0].key for i in together]
+                prog.advance(rounds * len(together))
             except Exception as exc:
                 notes.append(
                     f"{shape.name}: timed in rounds only, the call-by-call timing failed ({peers_mod._one_line(exc)})"
                 )
                 prog.log(notes[-1])
                 lost_context("interleaved timing", shape)
-                together = []
                 for entry in live:
                     entry[3] = []
 
         # 3. the other live impls in rounds, the order rotated and reversed from round to round
+        close = {id(live[i]) for i in contenders}
         alone = [e for i, e in enumerate(live) if i not in together]
         for rnd in range(rounds):
             for idx in timing.round_order(len(alone), rnd, rounds):
@@ -632,10 +655,11 @@ def run_bench(
                     )
                     prog.advance(rounds - rnd)
                     continue
+                wm, rm = (contest_warmup_ms, contest_rep_ms) if id(entry) in close else (warmup_ms, rep_ms)
                 prog.describe(f"round {rnd + 1}/{rounds}: {impl.key} @ {shape.label}")
                 try:
                     with torch.no_grad(), impl.context():
-                        entry[3].append(float(time_fn(fn, warmup_ms, rep_ms)))
+                        entry[3].append(float(time_fn(fn, wm, rm)))
                     prog.advance(1)
                 except Exception as exc:
                     final[impl.key] = _failure_row(impl, shape, exc)
@@ -741,9 +765,15 @@ def add_arguments(p) -> None:
         type=float,
         default=DEFAULT_CONTEST_SPAN,
         metavar="X",
-        help="time the implementations within X times the fastest at each shape call by call, interleaved, "
-        "instead of in rounds (the same time in all; a far finer ratio on a power-capped card); below 1: all "
-        "in rounds (default: %(default)s)",
+        help=f"on the main shapes, the implementations within X times the fastest get {CONTEST_WARMUP_MS:g} ms of "
+        f"warm-up and {CONTEST_REP_MS:g} ms of timed calls per round (the power-capped clock settles); below 1: "
+        "none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time those close ones call by call, interleaved, instead: a far finer ratio, at one clock shared "
+        "by all of them (not the clock each settles at alone)",
     )
     p.add_argument(
         "--out",
@@ -818,6 +848,7 @@ def main(args) -> int:
         respect_limits=not args.no_limits,
         rounds=rounds,
         contest_span=getattr(args, "contest_span", DEFAULT_CONTEST_SPAN),
+        interleave=getattr(args, "interleave", False),
     )
     sections = {}
     if not args.no_dropin_rows:
