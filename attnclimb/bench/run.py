@@ -80,11 +80,12 @@ QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
 DEFAULT_ROUNDS = 3
 # The contest (the implementations within DEFAULT_CONTEST_SPAN of the fastest at a main-group shape, by a quick
 # estimate after the check): per round, CONTEST_WARMUP_MS of calls before CONTEST_REP_MS of timed ones. Two device
-# probes (benchmarks/ab/timing-probe-*-h200.json): at the 690 W cap a kernel's SM clock settles at its own level
-# (1 650-1 800 MHz by kernel at 4k) over 100-300 ms after the switch from another kernel; 3 rounds of 25 + 100 ms
-# left ratios of close kernels with a spread of 0.5-1.6 % over repeats, 5 rounds of 100 + 400 ms 0.03-0.7 %.
-# Timing them call by call, interleaved (--interleave), spread 0.02-0.10 %, but every kernel then runs at the
-# clock of the mix (1 710 MHz at 4k): rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way.
+# probes (benchmarks/ab/timing-probe-33be169-h200.json and timing-probe2-e2a5b8f-h200.json, with nvidia-smi's
+# samples): at the 690 W cap a kernel's SM clock settles at its own level (1 650-1 800 MHz by kernel at 4k) over
+# 100-300 ms after the switch from another kernel; 3 rounds of 25 + 100 ms left ratios of close kernels with a
+# spread of 0.5-1.6 % over repeats, 5 rounds of 100 + 400 ms 0.03-0.7 %. Timing them call by call, interleaved
+# (--interleave), spread 0.02-0.10 %, but every kernel then runs at the clock of the mix (1 710 MHz at 4k):
+# rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way.
 DEFAULT_CONTEST_SPAN = 1.1
 CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
 ORDER_NOTE = (
