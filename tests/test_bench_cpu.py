@@ -925,9 +925,10 @@ def test_bench_loop_gives_the_contenders_longer_rounds(monkeypatch):
     rows, notes, settings = run.run_bench(
         impls, [main], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
         estimator=estimator, interleaver=no_interleaver, contest_warmup_ms=70.0, contest_rep_ms=30.0,
+        contest_span=1.1,
     )  # fmt: skip
     assert settings["contenders"] == {"t-32": ["rung03", "fa4"]} and settings["interleaved"] == {}
-    assert settings["contest_span"] == run.DEFAULT_CONTEST_SPAN == 1.1 and settings["contest_mode"] == "rounds"
+    assert settings["contest_span"] == 1.1 and settings["contest_mode"] == "rounds"
     assert budgets == {
         "rung01": {(5.0, 20.0)},
         "rung02": {(5.0, 20.0)},
@@ -943,9 +944,17 @@ def test_bench_loop_gives_the_contenders_longer_rounds(monkeypatch):
     budgets.clear()
     rows, notes, settings = run.run_bench(
         impls, [feat], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
-        estimator=estimator, interleaver=no_interleaver,
+        estimator=estimator, interleaver=no_interleaver, contest_span=1.1,
     )  # fmt: skip
     assert settings["contenders"] == {} and all(b == {(5.0, 20.0)} for b in budgets.values())
+    # the default: no contest (a bench run with one was not steadier; run.DEFAULT_CONTEST_SPAN)
+    budgets.clear()
+    rows, notes, settings = run.run_bench(
+        impls, [main], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        estimator=estimator, interleaver=no_interleaver,
+    )  # fmt: skip
+    assert run.DEFAULT_CONTEST_SPAN == 0.0 and settings["contenders"] == {}
+    assert all(b == {(5.0, 20.0)} for b in budgets.values()) and len(budgets) == 4
 
 
 def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch):
@@ -964,7 +973,7 @@ def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch)
     shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
     rows, notes, settings = run.run_bench(
         impls, [shape], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=2, timer=stub_timer,
-        estimator=lambda fn: 1.0, interleaver=interleaver, interleave=True,
+        estimator=lambda fn: 1.0, interleaver=interleaver, interleave=True, contest_span=1.1,
     )  # fmt: skip
     assert notes == ["t-32: timed in rounds only, the call-by-call timing failed (RuntimeError: events broke)"]
     assert settings["interleaved"] == {}

@@ -6,21 +6,23 @@ heads, then check every implementation's output (rel. L2 <= 1e-2, else the row i
 in rounds (default 3): every round times each of them once (a median over ~``rep_ms`` of calls), in an
 order that is rotated and reversed from round to round (:func:`~attnclimb.bench.timing.round_order`),
 so that no implementation always runs right after the same heavy neighbour or at the same point of
-the clock's drift. The close ones on the main shapes (within ``--contest-span``, 1.1x, of the fastest by
-a quick estimate) get a longer measurement in each round (``CONTEST_WARMUP_MS`` then ``CONTEST_REP_MS``): the
-card runs at its power cap, where each kernel settles at a clock of its own within a few hundred ms of
-starting, and a median over the settling time is noise in every close ratio. A row's ``ms`` is the median
-over rounds of each round's median; ``rounds_ms`` keeps the per-round values (in round order). With
-``--interleave`` the close ones are timed call by call instead (:func:`~attnclimb.bench.timing.interleaved_ms`):
-a far finer ratio, but at one clock shared by all of them, which is not what each gets alone.
-The feature columns (causal, grouped-query, head_dim 64 and 256;
-issue 8) come last, a group of their own in the JSON (``shapes[].group``; rows and shapes carry
-``head_dim``) and in the report; an implementation without the variant gets a ``"skipped: ..."`` row
-there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped with ``--no-dropin-rows``): a
-BSHD-view call against the contiguous call, and the host overhead per call, each in a top-level section
-of its own. Rows, sections, environment and settings go to
-``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``;
-the tables are printed last.
+the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
+the per-round values (in round order).
+
+Opt-in (off by default: one bench run with it was not steadier, see ``DEFAULT_CONTEST_SPAN``): with
+``--contest-span X`` the close ones on the main shapes (within X times the fastest by a quick estimate)
+get a longer measurement in each round (``CONTEST_WARMUP_MS`` then ``CONTEST_REP_MS``), since at the power
+cap each kernel settles at a clock of its own over a few hundred ms; with ``--interleave`` as well they are
+timed call by call instead (:func:`~attnclimb.bench.timing.interleaved_ms`): a far finer ratio, but at one
+clock shared by all of them, which is not the clock each settles at alone.
+
+The feature columns (causal, grouped-query, head_dim 64 and 256; issue 8) come last, a group of their own in
+the JSON (``shapes[].group``; rows and shapes carry ``head_dim``) and in the report; an implementation without
+the variant gets a ``"skipped: ..."`` row there. Then the drop-in rows (:mod:`attnclimb.bench.dropin`, skipped
+with ``--no-dropin-rows``): a BSHD-view call against the contiguous call, and the host overhead per call, each
+in a top-level section of its own. Rows, sections, environment and settings go to
+``<out>/<device>-YYYYMMDD-HHMMSS.json`` and ``<out>/latest.json``; the chart to ``<out>/ladder.png``; the
+tables are printed last.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ ROW_FIELDS = (
 RATIO_FIELDS = {"ratio_to_cudnn": peers_mod.REFERENCE_KEY, "ratio_to_fa4": peers_mod.FA4_KEY}
 # Time budgets of one measurement: one implementation on one shape in one round (do_bench's warmup and
 # rep, in ms: the number of calls follows from the kernel's time, at least one of each).
-DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 10.0, 50.0
+DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25.0, 100.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 10.0, 40.0
 DEFAULT_ROUNDS = 3
 # The contest (the implementations within DEFAULT_CONTEST_SPAN of the fastest at a main-group shape, by a quick
@@ -83,20 +85,25 @@ DEFAULT_ROUNDS = 3
 # probes (benchmarks/ab/timing-probe-33be169-h200.json and timing-probe2-e2a5b8f-h200.json, with nvidia-smi's
 # samples): at the 690 W cap a kernel's SM clock settles at its own level (1 650-1 800 MHz by kernel at 4k) over
 # 100-300 ms after the switch from another kernel; 3 rounds of 25 + 100 ms left ratios of close kernels with a
-# spread of 0.5-1.6 % over repeats, 5 rounds of 100 + 400 ms 0.03-0.7 %. Timing them call by call, interleaved
-# (--interleave), spread 0.02-0.10 %, but every kernel then runs at the clock of the mix (1 710 MHz at 4k):
-# rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way.
-DEFAULT_CONTEST_SPAN = 1.1
+# spread of 0.4-1.7 % over repeats, 5 rounds of 100 + 400 ms 0.02-0.7 %. Timing them call by call, interleaved
+# (--interleave), spread 0.1 % or less, but every kernel then runs at the clock of the mix (1 710 MHz at 4k):
+# rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way. A whole bench with the contest on
+# (span 1.1, these times, the rest at 10 + 50 ms; benchmarks/ab/bench-contest-f64a4bf-h200.json) was no better:
+# the estimate, three single calls each waiting on its own launch, left FA4 and cuDNN out of the 4k contest, the
+# short windows of the rest spread by up to 11 %, and it took 338 s (the issue's budget is 300). So the contest is
+# off by default (span 0) until a bench run shows it helps; --contest-span 1.1 and --interleave turn it on.
+DEFAULT_CONTEST_SPAN = 0.0
 CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
 ORDER_NOTE = (
     "per shape: every implementation checked once, then timed once per round; even rounds run the list "
     "forwards from implementation (r//2)*n//ceil(rounds/2), odd rounds the previous round backwards; "
-    "ms = median over rounds of each round's median (rounds_ms, in round order); on main-group shapes the "
-    "implementations within contest_span of the fastest (a quick estimate after the check; settings.contenders) "
-    "get contest_warmup_ms of calls then contest_rep_ms timed in each round, so that the power-capped clock "
-    "settles; with contest_mode 'interleaved' they are instead timed call by call, interleaved (L2 cleared "
-    "before each call, events around it, order rotated and reversed between repetitions, rounds x rep_ms of "
-    "calls each; rounds_ms = the medians of `rounds` consecutive slices), all at the mix's clock"
+    "ms = median over rounds of each round's median (rounds_ms, in round order); when contest_span >= 1, "
+    "on main-group shapes the implementations within contest_span of the fastest (a quick estimate after "
+    "the check; settings.contenders) get contest_warmup_ms of calls then contest_rep_ms timed in each round, "
+    "so that the power-capped clock settles; with contest_mode 'interleaved' they are instead timed call by "
+    "call, interleaved (L2 cleared before each call, events around it, order rotated and reversed between "
+    "repetitions, rounds x rep_ms of calls each; rounds_ms = the medians of `rounds` consecutive slices), "
+    "all at the mix's clock"
 )
 NO_HOPPER_EXIT = 2
 
@@ -768,7 +775,7 @@ def add_arguments(p) -> None:
         metavar="X",
         help=f"on the main shapes, the implementations within X times the fastest get {CONTEST_WARMUP_MS:g} ms of "
         f"warm-up and {CONTEST_REP_MS:g} ms of timed calls per round (the power-capped clock settles); below 1: "
-        "none (default: %(default)s)",
+        "none (default: %(default)s, off: a bench with 1.1 was not steadier; see DEFAULT_CONTEST_SPAN)",
     )
     p.add_argument(
         "--interleave",

@@ -165,23 +165,27 @@ def chunk_medians(times, chunks: int) -> list:
     return [statistics.median(times[c * n // chunks : (c + 1) * n // chunks]) for c in range(chunks)]
 
 
-def estimate_ms(fn, flush=None, calls: int = 3) -> float:
-    """A quick time of one ``fn()`` call in ms (the median of ``calls`` calls, each after the L2 is cleared
-    by zeroing ``flush``, a CUDA tensor, when given), after one untimed call. For sizing, not for reporting."""
+def estimate_ms(fn, flush=None, calls: int = 5) -> float:
+    """A quick time of one ``fn()`` call in ms, for sizing and for :func:`contest`, not for reporting.
+
+    One untimed call, then ``calls`` calls back to back between two CUDA events (after zeroing ``flush``, a
+    CUDA tensor, when given): the mean. Back to back, the GPU works on one call while the host launches the
+    next, so an implementation with a slow host path is not charged its launch latency as it would be by
+    timing single calls on an idle GPU (the first version did that, and FA4 and cuDNN fell out of a contest).
+    """
     import torch
 
     fn()
-    times = []
+    torch.cuda.synchronize()
+    if flush is not None:
+        flush.zero_()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
     for _ in range(calls):
-        if flush is not None:
-            flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
         fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / calls
 
 
 def flush_buffer():
