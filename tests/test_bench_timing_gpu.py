@@ -52,4 +52,3 @@ def test_bench_loop_times_top_rung_and_cudnn_together():
         assert settings["interleaved"] == (settings["contenders"] if interleave else {})
         for r in rows:
             assert r["status"] == "ok" and len(r["rounds_ms"]) == 3 and r["ms"] > 0
-            assert min(r["rounds_ms"]) <= r["ms"] <= max(r["rounds_ms"])

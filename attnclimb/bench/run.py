@@ -83,14 +83,14 @@ DEFAULT_ROUNDS = 3
 # The contest (the implementations within DEFAULT_CONTEST_SPAN of the fastest at a main-group shape, by a quick
 # estimate after the check): per round, CONTEST_WARMUP_MS of calls before CONTEST_REP_MS of timed ones. Two device
 # probes (benchmarks/ab/timing-probe-33be169-h200.json and timing-probe2-e2a5b8f-h200.json, with nvidia-smi's
-# samples): at the 690 W cap a kernel's SM clock settles at its own level (1 650-1 800 MHz by kernel at 4k) over
+# samples): at the 690 W cap a kernel's SM clock settles at its own level (1 680-1 800 MHz by kernel at 4k) over
 # 100-300 ms after the switch from another kernel; 3 rounds of 25 + 100 ms left ratios of close kernels with a
 # spread of 0.4-1.7 % over repeats, 5 rounds of 100 + 400 ms 0.02-0.7 %. Timing them call by call, interleaved
 # (--interleave), spread 0.1 % or less, but every kernel then runs at the clock of the mix (1 710 MHz at 4k):
 # rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way. A whole bench with the contest on
 # (span 1.1, these times, the rest at 10 + 50 ms; benchmarks/ab/bench-contest-f64a4bf-h200.json) was no better:
 # the estimate, three single calls each waiting on its own launch, left FA4 and cuDNN out of the 4k contest, the
-# short windows of the rest spread by up to 11 %, and it took 338 s (the issue's budget is 300). So the contest is
+# short windows of the rest spread by up to 13 % (FA4 at 2k), and it took 338 s (issue 13: 5 min). So the contest is
 # off by default (span 0) until a bench run shows it helps; --contest-span 1.1 and --interleave turn it on.
 DEFAULT_CONTEST_SPAN = 0.0
 CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
@@ -529,7 +529,7 @@ def run_bench(
         "contest_span": contest_span if estimate is not None else None,
         "contest_warmup_ms": contest_warmup_ms,
         "contest_rep_ms": contest_rep_ms,
-        "contest_mode": "interleaved" if interleave else "rounds",
+        "contest_mode": None if estimate is None or contest_span < 1 else ("interleaved" if interleave else "rounds"),
         "order": ORDER_NOTE,
         "contenders": {},
         "interleaved": {},

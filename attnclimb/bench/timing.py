@@ -2,7 +2,7 @@
 reference check.
 
 All functions here need a CUDA device except :func:`num_input_sets`, :func:`rotating`,
-:func:`round_order`, :func:`median_of_rounds`, :func:`contest`, :func:`chunk_medians`,
+:func:`round_order`, :func:`call_order`, :func:`median_of_rounds`, :func:`contest`, :func:`chunk_medians`,
 :func:`wall_us_per_call` given a ``sync`` and the reference helpers (which work on CPU tensors too).
 """
 
@@ -141,11 +141,12 @@ def wall_us_per_call(fn, calls: int = 2000, reps: int = 5, warmup_calls: int = 2
 
 
 def contest(estimates_ms, span: float) -> list:
-    """Indices of the implementations close enough to the fastest to be timed call by call together.
+    """Indices of the implementations close enough to the fastest to be contenders (the bench's contest:
+    longer rounds, or call by call with ``--interleave``).
 
     ``estimates_ms``: one time per implementation (ms per call, from :func:`estimate_ms`). Returns, in
     input order, the indices whose estimate is at most ``span`` times the smallest; an empty list when
-    fewer than two qualify or ``span`` is below 1 (then every implementation is timed in rounds of its own).
+    fewer than two qualify or ``span`` is below 1 (then there is no contest).
     """
     if not estimates_ms or span < 1:
         return []
@@ -168,17 +169,17 @@ def chunk_medians(times, chunks: int) -> list:
 def estimate_ms(fn, flush=None, calls: int = 5) -> float:
     """A quick time of one ``fn()`` call in ms, for sizing and for :func:`contest`, not for reporting.
 
-    One untimed call, then ``calls`` calls back to back between two CUDA events (after zeroing ``flush``, a
-    CUDA tensor, when given): the mean. Back to back, the GPU works on one call while the host launches the
-    next, so an implementation with a slow host path is not charged its launch latency as it would be by
-    timing single calls on an idle GPU (the first version did that, and FA4 and cuDNN fell out of a contest).
+    ``flush`` (a CUDA tensor) is zeroed when given; one untimed call is queued, then ``calls`` calls back to
+    back between two CUDA events, without waiting in between: the mean. The GPU is still busy with the untimed
+    call when the start event is queued, and works on one call while the host launches the next, so an
+    implementation's host path is not charged unless it is slower than its kernel (the first version timed
+    single calls on an idle GPU, and FA4 and cuDNN fell out of a contest).
     """
+    if flush is not None:
+        flush.zero_()
     import torch
 
     fn()
-    torch.cuda.synchronize()
-    if flush is not None:
-        flush.zero_()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(calls):
