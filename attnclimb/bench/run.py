@@ -90,9 +90,9 @@ DEFAULT_ROUNDS = 3
 # rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way. A whole bench with the contest on
 # (span 1.1, these times, the rest at 10 + 50 ms; benchmarks/ab/bench-contest-f64a4bf-h200.json) was no better:
 # the estimate (then three single calls, each waiting on its own launch; now back to back) left FA4 and cuDNN
-# out of the 4k contest, the
-# short windows of the rest spread by up to 13 % (FA4 at 2k), and it took 338 s (issue 13: 5 min). So the contest is
-# off by default (span 0) until a bench run shows it helps; --contest-span 1.1 and --interleave turn it on.
+# out of the 4k contest, the short windows of the rest spread by up to 13 % (FA4 at 2k), and it took 338 s
+# (issue 13: 5 min). So the contest is off by default (span 0) until a bench run shows it helps; --contest-span 1.1
+# (and --interleave) turn it on.
 DEFAULT_CONTEST_SPAN = 0.0
 CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
 ORDER_NOTE = (
