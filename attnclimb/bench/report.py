@@ -316,15 +316,11 @@ def _rounds_phrase(settings: dict, times: str = "×") -> str:
 
 
 def _timing_phrase(doc: dict) -> str:
-    """:func:`_rounds_phrase` of the results' settings."""
+    """:func:`_rounds_phrase` of the settings of a results document or of one of its drop-in sections."""
     return _rounds_phrase(doc.get("settings") or {})
 
 
 # ------------------------------------------------------------------------------- the drop-in sections
-
-
-def _section_rounds(sec: dict) -> str:
-    return _rounds_phrase(sec.get("settings") or {})
 
 
 def _cell_for(status: str) -> str:
@@ -354,7 +350,7 @@ def bshd_view_model(doc: dict, times: str = "×", code: str = "`") -> tuple | No
         f"BSHD views{f' (goal ≤ {goal:.2f}{times})' if isinstance(goal, (int, float)) else ''}: median time of one "
         f"call on q, k, v held as (B, S, H, D)-contiguous tensors and passed as {code}.transpose(1, 2){code} views "
         f"(what the call does with a view, e.g. a copy, is timed) against the call on (B, H, S, D)-contiguous "
-        f"tensors{_section_rounds(sec)}."
+        f"tensors{_timing_phrase(sec)}."
     )
     if any(r.get("native_layout") == "bshd" for r in sec["rows"]):
         natives = ", ".join(dict.fromkeys(r["label"] for r in sec["rows"] if r.get("native_layout") == "bshd"))
@@ -395,7 +391,7 @@ def host_overhead_model(doc: dict, times: str = "×", code: str = "`") -> tuple 
         "problem, whose kernel takes a few µs, so that the host sets the pace: "
         f"{st.get('calls', '?')} back-to-back calls between two torch.cuda.synchronize after "
         f"{st.get('warmup_calls', '?')} warm-up calls, median of {st.get('reps', '?')} repetitions"
-        f"{_section_rounds(sec)}."
+        f"{_timing_phrase(sec)}."
     )
     header = ["call", "µs per call", f"{times} {ref}"]
     body, foot = [], []

@@ -273,15 +273,7 @@ def cuda_events_median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> flo
     """
     import torch
 
-    fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(5):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    est = max(s.elapsed_time(e) / 5, 1e-3)
+    est = max(estimate_ms(fn), 1e-3)
     for _ in range(max(1, int(warmup_ms / est))):
         fn()
     n = max(1, int(rep_ms / est))
