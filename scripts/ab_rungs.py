@@ -6,7 +6,8 @@ from ``git archive``) and any ``.cuh`` they include that the package lacks. Each
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``) and ``-D`` macros (``NUM_STAGES``) override the
-rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N keys. ``--bshd`` times every
+rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N keys, and ``long_kv_FIELD=N``
+(``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
 implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim 64`` on that head_dim (the top
 rung's ``head_dims`` variant, with a variant's overrides on top of its tiles; the error table stays at 128).
 FA4 is timed too when it is importable.
@@ -48,7 +49,8 @@ def overrides(spec):
     names = {f.name for f in dataclasses.fields(rungs.Rung)}
     for item in filter(None, spec.split(",")):
         key, _, val = item.partition("=")
-        (fields if key in names or key == "long_kv_from" else defines)[key] = int(val)
+        long = key.startswith("long_kv_") and key[len("long_kv_") :] in names
+        (fields if key in names or key == "long_kv_from" or long else defines)[key] = int(val)
     return fields, defines
 
 
@@ -69,10 +71,12 @@ def variants(specs, numbers):
                 extra = {**new.extra_defines, **defines}
                 fields = dict(fields)
                 bound = fields.pop("long_kv_from", None)  # long_kv_from=N: the long-K/V tiles from N keys
+                # long_kv_block_n=64 etc.: fields of the long-K/V tiles only
+                long = {k[len("long_kv_") :]: fields.pop(k) for k in list(fields) if k.startswith("long_kv_")}
                 # the overrides hold at every head_dim: they also replace those fields of the rung's head_dims
                 dims = {d: {**tiles, **fields} for d, tiles in new.head_dims.items()}
-                if bound is not None and new.long_kv:
-                    fields["long_kv"] = (bound, new.long_kv[1])
+                if (bound is not None or long) and new.long_kv:
+                    fields["long_kv"] = (new.long_kv[0] if bound is None else bound, {**new.long_kv[1], **long})
                 other = dataclasses.replace(
                     new, name=f"{new.name}_{label}", extra_defines=extra, head_dims=dims, **fields
                 )
