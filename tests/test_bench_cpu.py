@@ -1142,3 +1142,53 @@ def test_timing_phrase_says_which_were_timed_call_by_call():
     none_close = {"settings": {"rounds": 3, "contest_span": 1.25, "interleaved": {}}}
     assert report._timing_phrase(none_close) == "; median over 3 interleaved rounds"
     assert report._timing_phrase({"settings": {"rounds": 1}}) == ""
+
+
+def test_bench_loop_gives_the_headline_longer_rounds_by_name(monkeypatch):
+    """The headline impls (by key) get the contest's warm-up and rep on a main shape without any estimate; a
+    feature-group shape and the other impls keep the plain budgets; the settings and the report say so."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(timing, "num_input_sets", lambda set_bytes, l2, minimum=3: 3)
+    calls = []
+    impls = _recording_impls(torch, calls)
+    budgets = {}
+
+    def stub_timer(fn, warmup_ms, rep_ms):
+        n = len(calls)
+        fn()
+        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
+        return 1.0
+
+    main = shapes.Shape("t-32", "32", 1, 2, 32, 32)
+    feat = shapes.Shape("t-32f", "32f", 1, 2, 32, 32, group=shapes.FEATURE_GROUP)
+    rows, notes, settings = run.run_bench(
+        impls, [main, feat], 5.0, 20.0, progress=_Quiet(), device="cpu", rounds=3, timer=stub_timer,
+        contest_warmup_ms=70.0, contest_rep_ms=30.0, headline=("rung02", "fa4", "rung99"),
+    )  # fmt: skip
+    assert settings["contenders"] == {"t-32": ["rung02", "fa4"]} and settings["headline"] == ["rung02", "fa4", "rung99"]
+    assert settings["contest_mode"] == "rounds" and notes == []
+    assert all(r["status"] == "ok" and len(r["rounds_ms"]) == 3 for r in rows)
+    assert budgets == {
+        "rung01": {(5.0, 20.0)},
+        "rung02": {(70.0, 30.0), (5.0, 20.0)},
+        "rung03": {(5.0, 20.0)},
+        "fa4": {(70.0, 30.0), (5.0, 20.0)},
+    }
+    assert report._timing_phrase({"settings": settings}) == (
+        "; median over 3 interleaved rounds, in which rung02, fa4, rung99 run 70 ms before 30 ms of timed calls on "
+        "the main shapes (the power-capped clock settles), the others 5 + 20 ms"
+    )
+
+
+def test_headline_defaults_to_the_top_three_rungs_and_both_peers():
+    from attnclimb import rungs
+
+    keys = run.headline_keys()
+    top = rungs.TOP.number
+    assert keys == (f"rung{top:02d}", f"rung{top - 1:02d}", f"rung{top - 2:02d}", "sdpa_cudnn", "fa4")
+    assert run.parse_headline(None) == keys and run.parse_headline("none") == () and run.parse_headline("") == ()
+    assert run.parse_headline(" rung05, fa4 ,") == ("rung05", "fa4")
+    p = __import__("argparse").ArgumentParser()
+    run.add_arguments(p)
+    assert p.parse_args([]).headline is None and p.parse_args(["--headline", "none"]).headline == "none"
+    assert (run.CONTEST_WARMUP_MS, run.CONTEST_REP_MS) == (100.0, 400.0)

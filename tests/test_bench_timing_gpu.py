@@ -1,5 +1,6 @@
 """The bench's contest on a GPU (skipped otherwise): the call-by-call timer's times follow the work and enter
-the contexts; the bench loop times a top rung and cuDNN as contenders, in rounds and call by call.
+the contexts; the bench loop times a top rung and cuDNN as contenders, in rounds and call by call; long calls skip
+do_bench.
 
 Run: python -m pytest -q -m gpu tests/test_bench_timing_gpu.py
 """
@@ -52,3 +53,27 @@ def test_bench_loop_times_top_rung_and_cudnn_together():
         assert settings["interleaved"] == (settings["contenders"] if interleave else {})
         for r in rows:
             assert r["status"] == "ok" and len(r["rounds_ms"]) == 3 and r["ms"] > 0
+
+
+def test_long_calls_skip_do_bench_and_time_the_work():
+    """A call of timing.LONG_CALL_MS or more is timed by CUDA events around each call, in few calls: two for the
+    estimate and max(1, round(rep / call)) timed ones; a short call still goes to do_bench (more calls)."""
+    n = [0]
+
+    def sleeper(cycles):
+        def fn():
+            n[0] += 1
+            torch.cuda._sleep(cycles)
+
+        return fn
+
+    long_fn = sleeper(60_000_000)  # ~30-45 ms at 1.3-2 GHz
+    est = timing.estimate_ms(long_fn)
+    assert est >= timing.LONG_CALL_MS
+    n[0] = 0
+    ms = timing.median_ms(long_fn, 25.0, 100.0)
+    assert ms == pytest.approx(est, rel=0.05)
+    assert n[0] == 2 + max(0, -(-25.0 // est) - 2) + max(1, round(100.0 / est)) <= 6
+    n[0] = 0
+    short = timing.median_ms(sleeper(200_000), 5.0, 20.0)  # ~0.1 ms: do_bench
+    assert 0 < short < timing.LONG_CALL_MS and n[0] > 20

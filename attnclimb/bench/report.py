@@ -307,6 +307,15 @@ def _rounds_phrase(settings: dict, times: str = "×") -> str:
             f"{n} consecutive slices of them; the others: median over {n} interleaved rounds"
         )
     w, r = settings.get("contest_warmup_ms"), settings.get("contest_rep_ms")
+    if settings.get("contenders") and settings.get("headline") and w and r:
+        w0, r0 = settings.get("warmup_ms"), settings.get("rep_ms")
+        others = f", the others {w0:g} + {r0:g} ms" if w0 is not None and r0 is not None else ""
+        spanned = isinstance(span, (int, float)) and span >= 1
+        close = f" and those within {span:g}{times} of a column's fastest" if spanned else ""
+        return (
+            f"; median over {n} interleaved rounds, in which {', '.join(settings['headline'])}{close} run {w:g} ms "
+            f"before {r:g} ms of timed calls on the main shapes (the power-capped clock settles){others}"
+        )
     if settings.get("contenders") and isinstance(span, (int, float)) and w and r:
         return (
             f"; median over {n} interleaved rounds, in which those within {span:g}{times} of a column's fastest "

@@ -9,6 +9,11 @@ so that no implementation always runs right after the same heavy neighbour or at
 the clock's drift. A row's ``ms`` is the median over rounds of each round's median; ``rounds_ms`` keeps
 the per-round values (in round order).
 
+The headline implementations (the top three rungs, cuDNN and FA4 by default; ``--headline``) get a longer
+measurement on the main shapes (``CONTEST_WARMUP_MS`` then ``CONTEST_REP_MS`` per round), the rest
+``warmup_ms`` + ``rep_ms``; calls of 20 ms or more are timed without do_bench's own estimate
+(:func:`~attnclimb.bench.timing.median_ms`).
+
 Opt-in (off by default: one bench run with it was not steadier, see ``DEFAULT_CONTEST_SPAN``): with
 ``--contest-span X`` the close ones on the main shapes (within X times the fastest by a quick estimate)
 get a longer measurement in each round (``CONTEST_WARMUP_MS`` then ``CONTEST_REP_MS``), since at the power
@@ -94,11 +99,38 @@ DEFAULT_ROUNDS = 3
 # (issue 13: 5 min). So the contest is off by default (span 0) until a bench run shows it helps; --contest-span 1.1
 # (and --interleave) turn it on.
 DEFAULT_CONTEST_SPAN = 0.0
-CONTEST_WARMUP_MS, CONTEST_REP_MS = 200.0, 100.0
+# The headline implementations (eleventh session): on every main-group shape the top three rungs, cuDNN and FA4 are
+# contenders by name, without an estimate, each measurement CONTEST_WARMUP_MS then CONTEST_REP_MS, the windows of
+# scripts/ab_rungs.py (and of the first probe's "5 x (100 + 400 ms)": 0.26-0.49 % spread of close ratios over
+# repeats, against 0.39-1.02 % for 25 + 100 ms). What the top rung is measured against (issue 13) is timed so; the
+# lower rungs keep warmup_ms + rep_ms. The time comes from the long calls (timing.LONG_CALL_MS), which no longer pay
+# do_bench's five-call estimate. "--headline none" turns it off.
+CONTEST_WARMUP_MS, CONTEST_REP_MS = 100.0, 400.0
+
+
+def parse_headline(text: str | None) -> tuple:
+    """``--headline``'s value: ``None`` -> :func:`headline_keys`; ``"none"`` (or empty) -> ``()``; else the comma
+    list's keys."""
+    if text is None:
+        return headline_keys()
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    return () if keys in ((), ("none",)) else keys
+
+
+def headline_keys() -> tuple:
+    """The default headline implementations: the top three rungs, SDPA's cuDNN backend and FA4 (their keys)."""
+    from .. import rungs
+
+    top = [r.key for r in rungs.RUNGS if r.number > rungs.TOP.number - 3 and r.number <= rungs.TOP.number]
+    return (*reversed(top), peers_mod.REFERENCE_KEY, peers_mod.FA4_KEY)
+
+
 ORDER_NOTE = (
     "per shape: every implementation checked once, then timed once per round; even rounds run the list "
     "forwards from implementation (r//2)*n//ceil(rounds/2), odd rounds the previous round backwards; "
-    "ms = median over rounds of each round's median (rounds_ms, in round order); when contest_span >= 1, "
+    "ms = median over rounds of each round's median (rounds_ms, in round order); on main-group shapes the "
+    "headline implementations (settings.headline) get contest_warmup_ms of calls then contest_rep_ms timed in "
+    "each round; when contest_span >= 1, "
     "on main-group shapes the implementations within contest_span of the fastest (a quick estimate after "
     "the check; settings.contenders) get contest_warmup_ms of calls then contest_rep_ms timed in each round, "
     "so that the power-capped clock settles; with contest_mode 'interleaved' they are instead timed call by "
@@ -481,6 +513,7 @@ def run_bench(
     interleave: bool = False,
     contest_warmup_ms: float = CONTEST_WARMUP_MS,
     contest_rep_ms: float = CONTEST_REP_MS,
+    headline: tuple = (),
 ) -> tuple:
     """Check every ``impl`` on every ``shape``, then time the ones that passed in interleaved rounds, the close
     ones on the main shapes with a longer measurement per round (or call by call with ``interleave``).
@@ -494,6 +527,8 @@ def run_bench(
         contest_span: on shapes of the main group, the impls whose estimated time is within this factor of
             the fastest (:func:`~attnclimb.bench.timing.contest`) are the contenders: their measurements use
             ``contest_warmup_ms`` and ``contest_rep_ms``; below 1, none.
+        headline: impl keys that are contenders on every main-group shape whatever the estimate (with or
+            without ``contest_span``; :func:`headline_keys` is the CLI's default).
         interleave: time the contenders together by ``interleaver`` instead, with ``rounds x rep_ms`` of calls
             each and ``rounds`` slices reported as ``rounds_ms`` (one clock for all; see the module docstring).
         estimator: ``estimator(fn) -> ms``, the quick estimate; default
@@ -530,7 +565,12 @@ def run_bench(
         "contest_span": contest_span if estimate is not None else None,
         "contest_warmup_ms": contest_warmup_ms,
         "contest_rep_ms": contest_rep_ms,
-        "contest_mode": None if estimate is None or contest_span < 1 else ("interleaved" if interleave else "rounds"),
+        "contest_mode": (
+            None
+            if (estimate is None or contest_span < 1) and not headline
+            else ("interleaved" if interleave else "rounds")
+        ),
+        "headline": list(headline),
         "order": ORDER_NOTE,
         "contenders": {},
         "interleaved": {},
@@ -622,8 +662,10 @@ def run_bench(
                 notes.append(f"{shape.name}: no contest, the estimate failed ({peers_mod._one_line(exc)})")
                 prog.log(notes[-1])
                 lost_context("the estimate", shape)
-            if contenders:
-                settings["contenders"][shape.name] = [live[i][0].key for i in contenders]
+        if headline and main_shape and dead is None:
+            contenders = sorted({*contenders, *(i for i, e in enumerate(live) if e[0].key in headline)})
+        if contenders:
+            settings["contenders"][shape.name] = [live[i][0].key for i in contenders]
         if contenders and interleave and dead is None:
             prog.describe(f"{len(contenders)} interleaved @ {shape.label}")
             try:
@@ -779,6 +821,14 @@ def add_arguments(p) -> None:
         "none (default: %(default)s, off: a bench with 1.1 was not steadier; see DEFAULT_CONTEST_SPAN)",
     )
     p.add_argument(
+        "--headline",
+        metavar="LIST",
+        default=None,
+        help=f"comma list of implementation keys that get {CONTEST_WARMUP_MS:g} ms of warm-up and "
+        f"{CONTEST_REP_MS:g} ms of timed calls per round on the main shapes, or 'none' (default: the top three "
+        "rungs, sdpa_cudnn and fa4)",
+    )
+    p.add_argument(
         "--interleave",
         action="store_true",
         help="with --contest-span, time those close ones call by call, interleaved, instead: a far finer ratio, at "
@@ -858,6 +908,7 @@ def main(args) -> int:
         rounds=rounds,
         contest_span=getattr(args, "contest_span", DEFAULT_CONTEST_SPAN),
         interleave=getattr(args, "interleave", False),
+        headline=parse_headline(getattr(args, "headline", None)),
     )
     sections = {}
     if not args.no_dropin_rows:
