@@ -43,13 +43,18 @@ BACKENDS = {
 }
 
 
+LONG_KV_FIELDS = ("block_m", "block_n", "threads", "q_box_rows", "kv_box_rows")  # what long_kv_FIELD=N may change
+
+
 def overrides(spec):
     """``block_n=176,NUM_STAGES=3`` -> (Rung field replacements, extra -D macros)."""
     fields, defines = {}, {}
     names = {f.name for f in dataclasses.fields(rungs.Rung)}
     for item in filter(None, spec.split(",")):
         key, _, val = item.partition("=")
-        long = key.startswith("long_kv_") and key[len("long_kv_") :] in names
+        long = key.startswith("long_kv_") and key != "long_kv_from"
+        if long and key[len("long_kv_") :] not in LONG_KV_FIELDS:
+            raise SystemExit(f"ab_rungs: {key}: the long-K/V tiles have the fields {', '.join(LONG_KV_FIELDS)}")
         (fields if key in names or key == "long_kv_from" or long else defines)[key] = int(val)
     return fields, defines
 
@@ -75,7 +80,9 @@ def variants(specs, numbers):
                 long = {k[len("long_kv_") :]: fields.pop(k) for k in list(fields) if k.startswith("long_kv_")}
                 # the overrides hold at every head_dim: they also replace those fields of the rung's head_dims
                 dims = {d: {**tiles, **fields} for d, tiles in new.head_dims.items()}
-                if (bound is not None or long) and new.long_kv:
+                if (bound is not None or long) and not new.long_kv:
+                    raise SystemExit(f"ab_rungs: variant {label!r}: rung {n} has no long-K/V tiles to change")
+                if bound is not None or long:
                     fields["long_kv"] = (new.long_kv[0] if bound is None else bound, {**new.long_kv[1], **long})
                 other = dataclasses.replace(
                     new, name=f"{new.name}_{label}", extra_defines=extra, head_dims=dims, **fields

@@ -1174,9 +1174,21 @@ def test_bench_loop_gives_the_headline_longer_rounds_by_name(monkeypatch):
         "rung03": {(5.0, 20.0)},
         "fa4": {(70.0, 30.0), (5.0, 20.0)},
     }
+    # the phrase names what was timed so: rung99 matched no implementation
     assert report._timing_phrase({"settings": settings}) == (
-        "; median over 3 interleaved rounds, in which rung02, fa4, rung99 run 70 ms before 30 ms of timed calls on "
+        "; median over 3 interleaved rounds, in which rung02, fa4 run 70 ms before 30 ms of timed calls on "
         "the main shapes (the power-capped clock settles), the others 5 + 20 ms"
+    )
+    both = {**settings, "contest_span": 1.1}
+    assert report._timing_phrase({"settings": both}) == (
+        "; median over 3 interleaved rounds, in which rung02, fa4 and those within 1.1× of a column's fastest run "
+        "70 ms before 30 ms of timed calls on the main shapes (the power-capped clock settles), the others 5 + 20 ms"
+    )
+    # --interleave without --contest-span: the headline ones call by call (no "within 0×")
+    inter = {**settings, "contest_span": 0.0, "interleaved": {"t-32": ["rung02", "fa4"]}}
+    assert report._timing_phrase({"settings": inter}) == (
+        "; rung02, fa4: calls interleaved one by one, median over 3 consecutive slices of them; the others: median "
+        "over 3 interleaved rounds"
     )
 
 
@@ -1192,3 +1204,50 @@ def test_headline_defaults_to_the_top_three_rungs_and_both_peers():
     run.add_arguments(p)
     assert p.parse_args([]).headline is None and p.parse_args(["--headline", "none"]).headline == "none"
     assert (run.CONTEST_WARMUP_MS, run.CONTEST_REP_MS) == (100.0, 400.0)
+
+
+def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
+    """scripts/ab_rungs.py: long_kv_FIELD=N changes that field of the long-K/V tiles only; an unknown field or a
+    rung without long-K/V tiles is an error, not a silent no-op."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("triton") is None:  # the CPU CI has no triton; ab_rungs imports triton.testing
+        fake = types.ModuleType("triton")
+        fake.testing = types.ModuleType("triton.testing")
+        monkeypatch.setitem(sys.modules, "triton", fake)
+        monkeypatch.setitem(sys.modules, "triton.testing", fake.testing)
+    from attnclimb import rungs
+
+    spec = importlib.util.spec_from_file_location("ab_rungs", rungs.KERNEL_DIR.parents[1] / "scripts" / "ab_rungs.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    assert ab.overrides("long_kv_block_n=64,NUM_STAGES=3,block_n=176") == (
+        {"long_kv_block_n": 64, "block_n": 176},
+        {"NUM_STAGES": 3},
+    )
+    with pytest.raises(SystemExit, match="long-K/V tiles have the fields"):
+        ab.overrides("long_kv_blockn=64")
+    top = rungs.TOP
+    src = tmp_path / top.source.name
+    src.write_text(top.source.read_text())
+    out = ab.variants([f"k64={tmp_path}@long_kv_block_n=64,long_kv_kv_box_rows=64"], [top.number])
+    try:
+        (label, v), (_, plain) = out
+        assert label == f"{top.key}-k64" and plain is top
+        assert v.long_kv == (top.long_kv[0], {**top.long_kv[1], "block_n": 64, "kv_box_rows": 64})
+        assert v.block_n == top.block_n  # the two-warpgroup tiles are untouched
+    finally:
+        for _, r in out:
+            if r is not top:
+                r.source.unlink(missing_ok=True)
+    no_long = next(r for r in rungs.RUNGS if r.long_kv is None and r.abi == "tma")
+    (tmp_path / no_long.source.name).write_text(no_long.source.read_text())
+    with pytest.raises(SystemExit, match="no long-K/V tiles"):
+        ab.variants([f"x={tmp_path}@long_kv_block_n=64"], [no_long.number])
+    assert (
+        not (rungs.KERNEL_DIR / f"{no_long.source.stem}_x.cu").exists()
+        or (rungs.KERNEL_DIR / f"{no_long.source.stem}_x.cu").unlink()
+    )

@@ -73,7 +73,7 @@ def test_long_calls_skip_do_bench_and_time_the_work():
     n[0] = 0
     ms = timing.median_ms(long_fn, 25.0, 100.0)
     assert ms == pytest.approx(est, rel=0.05)
-    assert n[0] == 2 + max(0, -(-25.0 // est) - 2) + max(1, round(100.0 / est)) <= 6
+    assert 3 <= n[0] <= 6  # 2 for the estimate, 0-1 warm-up, 1-3 timed (do_bench alone would make 7 or more)
     n[0] = 0
     short = timing.median_ms(sleeper(200_000), 5.0, 20.0)  # ~0.1 ms: do_bench
     assert 0 < short < timing.LONG_CALL_MS and n[0] > 20

@@ -301,25 +301,26 @@ def _rounds_phrase(settings: dict, times: str = "×") -> str:
     if not (isinstance(n, int) and n > 1):
         return ""
     span = settings.get("contest_span")
-    if settings.get("interleaved") and isinstance(span, (int, float)):
+    contenders = settings.get("contenders") or {}
+    # the headline implementations that were timed so (a key that matched no selected implementation is left out)
+    head = [k for k in settings.get("headline") or [] if any(k in keys for keys in contenders.values())]
+    close = (
+        f"those within {span:g}{times} of a column's fastest" if isinstance(span, (int, float)) and span >= 1 else ""
+    )
+    who = " and ".join(x for x in (", ".join(head), close) if x)
+    if settings.get("interleaved") and who:
         return (
-            f"; those within {span:g}{times} of a column's fastest: calls interleaved one by one, median over "
-            f"{n} consecutive slices of them; the others: median over {n} interleaved rounds"
+            f"; {who}: calls interleaved one by one, median over {n} consecutive slices of them; the others: median "
+            f"over {n} interleaved rounds"
         )
     w, r = settings.get("contest_warmup_ms"), settings.get("contest_rep_ms")
-    if settings.get("contenders") and settings.get("headline") and w and r:
+    if contenders and who and w and r:
         w0, r0 = settings.get("warmup_ms"), settings.get("rep_ms")
-        others = f", the others {w0:g} + {r0:g} ms" if w0 is not None and r0 is not None else ""
-        spanned = isinstance(span, (int, float)) and span >= 1
-        close = f" and those within {span:g}{times} of a column's fastest" if spanned else ""
+        others = f", the others {w0:g} + {r0:g} ms" if head and w0 is not None and r0 is not None else ""
+        where = " on the main shapes" if head else ""
         return (
-            f"; median over {n} interleaved rounds, in which {', '.join(settings['headline'])}{close} run {w:g} ms "
-            f"before {r:g} ms of timed calls on the main shapes (the power-capped clock settles){others}"
-        )
-    if settings.get("contenders") and isinstance(span, (int, float)) and w and r:
-        return (
-            f"; median over {n} interleaved rounds, in which those within {span:g}{times} of a column's fastest "
-            f"run {w:g} ms before {r:g} ms of timed calls (the power-capped clock settles)"
+            f"; median over {n} interleaved rounds, in which {who} run {w:g} ms before {r:g} ms of timed calls"
+            f"{where} (the power-capped clock settles){others}"
         )
     return f"; median over {n} interleaved rounds"
 

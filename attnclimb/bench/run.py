@@ -58,7 +58,8 @@ REPO_ROOT = paths.REPO_ROOT
 # "host_overhead" (attnclimb/bench/dropin.py; absent when the bench ran with --no-dropin-rows). 4: rows and
 # shapes carry heads_kv, shapes their group ("main" or "features": causal, GQA and head_dim 64/256 columns,
 # issue 8; head_dim was in rows and shapes from the start). 5: settings carry the contest's span, times and mode
-# and, per shape, the contenders (and the implementations timed call by call, with --interleave).
+# and, per shape, the contenders (and the implementations timed call by call, with --interleave); since the eleventh
+# session also the headline list (settings.headline: the implementations given the contest's times by name).
 SCHEMA_VERSION = 5
 ROW_FIELDS = (
     "impl",
@@ -93,7 +94,7 @@ DEFAULT_ROUNDS = 3
 # spread of 0.4-1.7 % over repeats, 5 rounds of 100 + 400 ms 0.02-0.7 %. Timing them call by call, interleaved
 # (--interleave), spread 0.1 % or less, but every kernel then runs at the clock of the mix (1 710 MHz at 4k):
 # rung 8, which settles at 1 800 MHz alone, measured 5 % slower that way. A whole bench with the contest on
-# (span 1.1, these times, the rest at 10 + 50 ms; benchmarks/ab/bench-contest-f64a4bf-h200.json) was no better:
+# (span 1.1, 200 + 100 ms, the rest at 10 + 50 ms; benchmarks/ab/bench-contest-f64a4bf-h200.json) was no better:
 # the estimate (then three single calls, each waiting on its own launch; now back to back) left FA4 and cuDNN
 # out of the 4k contest, the short windows of the rest spread by up to 13 % (FA4 at 2k), and it took 338 s
 # (issue 13: 5 min). So the contest is off by default (span 0) until a bench run shows it helps; --contest-span 1.1
@@ -826,13 +827,14 @@ def add_arguments(p) -> None:
         default=None,
         help=f"comma list of implementation keys that get {CONTEST_WARMUP_MS:g} ms of warm-up and "
         f"{CONTEST_REP_MS:g} ms of timed calls per round on the main shapes, or 'none' (default: the top three "
-        "rungs, sdpa_cudnn and fa4)",
+        "rungs, sdpa_cudnn and fa4; none with --quick)",
     )
     p.add_argument(
         "--interleave",
         action="store_true",
-        help="with --contest-span, time those close ones call by call, interleaved, instead: a far finer ratio, at "
-        "one clock shared by all of them (not the clock each settles at alone)",
+        help="time the headline implementations (and, with --contest-span, the close ones) call by call, "
+        "interleaved, instead: a far finer ratio, at one clock shared by all of them (not the clock each settles "
+        "at alone)",
     )
     p.add_argument(
         "--out",
@@ -908,7 +910,8 @@ def main(args) -> int:
         rounds=rounds,
         contest_span=getattr(args, "contest_span", DEFAULT_CONTEST_SPAN),
         interleave=getattr(args, "interleave", False),
-        headline=parse_headline(getattr(args, "headline", None)),
+        # --quick keeps its short windows for everyone unless --headline names some
+        headline=() if args.quick and getattr(args, "headline", None) is None else parse_headline(args.headline),
     )
     sections = {}
     if not args.no_dropin_rows:

@@ -290,8 +290,8 @@ def cuda_events_median_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> flo
 
 
 # Calls at least this long (ms) are timed by :func:`long_call_median_ms`: triton's do_bench spends 5 calls on its own
-# estimate before its warm-up and timed calls, which on Wan2.1-14B (0.17 s per call of the top rung, up to 0.6 s of
-# the slow rungs) was 5 of 7 calls and ~80 s of a 282-s bench (issue 13's budget: 5 min).
+# estimate before its warm-up and timed calls, which on Wan2.1-14B (0.17 s per call of the top rung, up to 0.64 s of
+# the slow implementations) was 5 of 7 calls and ~80 s of a 282-s bench (issue 13's budget: 5 min).
 LONG_CALL_MS = 20.0
 
 
@@ -299,7 +299,7 @@ def long_call_median_ms(fn, warmup_ms: float, rep_ms: float, est_ms: float) -> f
     """Median of ``max(1, round(rep_ms / est_ms))`` calls of ``fn``, each between its own pair of CUDA events,
     after ``ceil(warmup_ms / est_ms) - 2`` untimed calls (the two calls of :func:`estimate_ms` that measured
     ``est_ms`` count as warm-up). For calls of :data:`LONG_CALL_MS` or more, where clearing the L2 between calls
-    and do_bench's own estimate are noise against the call."""
+    and do_bench's own estimate cost time without adding to what is measured."""
     import torch
 
     for _ in range(max(0, math.ceil(warmup_ms / est_ms) - 2)):
