@@ -835,6 +835,30 @@ def _recording_impls(torch, calls):
     ]
 
 
+def _estimator(calls, estimates):
+    """A run_bench ``estimator``: calls ``fn`` once and returns ``estimates`` of the impl it called."""
+
+    def estimator(fn):
+        n = len(calls)
+        fn()
+        return estimates[calls[n]]
+
+    return estimator
+
+
+def _budget_timer(calls, budgets, time_of):
+    """A run_bench ``timer``: calls ``fn`` once, adds ``(warmup_ms, rep_ms)`` to ``budgets[impl key]`` and returns
+    ``time_of(impl key)``."""
+
+    def timer(fn, warmup_ms, rep_ms):
+        n = len(calls)
+        fn()
+        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
+        return time_of(calls[n])
+
+    return timer
+
+
 def test_bench_loop_times_the_close_ones_call_by_call(monkeypatch):
     """The impls within contest_span of the fastest estimate go to the interleaver together (with the budget
     of their rounds, their contexts, `rounds` slices); the others are timed in rounds by the timer."""
@@ -845,10 +869,7 @@ def test_bench_loop_times_the_close_ones_call_by_call(monkeypatch):
     estimates = {"rung01": 10.0, "rung02": 1.2, "rung03": 1.0, "fa4": 1.1}
     seen = {}
 
-    def estimator(fn):
-        n = len(calls)
-        fn()
-        return estimates[calls[n]]
+    estimator = _estimator(calls, estimates)
 
     def interleaver(fns, warmup_ms, budget_ms, chunks, contexts=None):
         keys = []
@@ -905,16 +926,9 @@ def test_bench_loop_gives_the_contenders_longer_rounds(monkeypatch):
     estimates = {"rung01": 10.0, "rung02": 1.2, "rung03": 1.0, "fa4": 1.05}
     budgets = {}
 
-    def estimator(fn):
-        n = len(calls)
-        fn()
-        return estimates[calls[n]]
+    estimator = _estimator(calls, estimates)
 
-    def stub_timer(fn, warmup_ms, rep_ms):
-        n = len(calls)
-        fn()
-        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
-        return estimates[calls[n]]
+    stub_timer = _budget_timer(calls, budgets, lambda key: estimates[key])
 
     def no_interleaver(*a, **k):
         raise AssertionError("not without interleave")
@@ -966,21 +980,14 @@ def test_bench_loop_falls_back_to_rounds_when_the_interleaver_fails(monkeypatch)
     estimates = {"rung01": 10.0, "rung02": 1.0, "rung03": 1.05, "fa4": 1.0}
     budgets = {}
 
-    def estimator(fn):
-        n = len(calls)
-        fn()
-        return estimates[calls[n]]
+    estimator = _estimator(calls, estimates)
 
     def interleaver(fns, warmup_ms, budget_ms, chunks, contexts=None):
         for f in fns:
             f()
         raise RuntimeError("events\nbroke")
 
-    def stub_timer(fn, warmup_ms, rep_ms):
-        n = len(calls)
-        fn()
-        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
-        return 3.0
+    stub_timer = _budget_timer(calls, budgets, lambda key: 3.0)
 
     shape = shapes.Shape("t-32", "32", 1, 2, 32, 32)
     rows, notes, settings = run.run_bench(
@@ -1153,11 +1160,7 @@ def test_bench_loop_gives_the_headline_longer_rounds_by_name(monkeypatch):
     impls = _recording_impls(torch, calls)
     budgets = {}
 
-    def stub_timer(fn, warmup_ms, rep_ms):
-        n = len(calls)
-        fn()
-        budgets.setdefault(calls[n], set()).add((warmup_ms, rep_ms))
-        return 1.0
+    stub_timer = _budget_timer(calls, budgets, lambda key: 1.0)
 
     main = shapes.Shape("t-32", "32", 1, 2, 32, 32)
     feat = shapes.Shape("t-32f", "32f", 1, 2, 32, 32, group=shapes.FEATURE_GROUP)
