@@ -451,18 +451,26 @@ def test_softmax_runs_under_the_pv_wgmma(case):
         assert ex2 >= r.block_n // 2, f"only {ex2} MUFU.EX2 between the waits for S and for P·V"
 
 
-def _pack_cases():
-    """Rungs 16 and 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
+def _p_buffer_builds(n):
+    """Rung ``n``'s builds as ``(id, Rung)`` lists: those with the second P buffer (two consumer warpgroups: plain,
+    causal-GQA-LSE-strided, head_dim 256, fp16 causal) and those without it (three: head_dim 64, the long-K/V
+    tiles)."""
     from attnclimb.runtime.launch import feature_variant
 
+    r, k = rungs.get(n), f"rung{n}"
+    double = [(k, r), (f"{k}-causal-gqa-lse-strided", feature_variant(r, True, True, True, True))]
+    double.append((f"{k}-hd256", feature_variant(r, False, False, False, head_dim=256)))
+    double.append((f"{k}-fp16-causal", feature_variant(r, True, False, False, fp16=True)))
+    single = [(f"{k}-hd64", feature_variant(r, False, False, False, head_dim=64))]
+    single.append((f"{k}-long-kv", feature_variant(r, False, False, False, seqlen_k=r.long_kv[0])))
+    return double, single
+
+
+def _pack_cases():
+    """Rungs 16 and 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
     cases = []
     for n in (16, 17):
-        r, k = rungs.get(n), f"rung{n}"
-        double = [(k, r), (f"{k}-causal-gqa-lse-strided", feature_variant(r, True, True, True, True))]
-        double.append((f"{k}-hd256", feature_variant(r, False, False, False, head_dim=256)))
-        double.append((f"{k}-fp16-causal", feature_variant(r, True, False, False, fp16=True)))
-        single = [(f"{k}-hd64", feature_variant(r, False, False, False, head_dim=64))]
-        single.append((f"{k}-long-kv", feature_variant(r, False, False, False, seqlen_k=r.long_kv[0])))
+        double, single = _p_buffer_builds(n)
         cases += [(k, r, True) for k, r in double] + [(k, r, False) for k, r in single]
     return cases + [("rung15", rungs.get(15), False)]
 
@@ -489,15 +497,10 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
 def _exp_first_cases():
     """Rungs 18 and 19's builds with two P buffers (rung 19's idea on) and their three-warpgroup long-K/V build (one
     P buffer: rung 19 keeps rung 18's code there)."""
-    from attnclimb.runtime.launch import feature_variant
-
     cases = []
     for n in (18, 19):
-        r, k = rungs.get(n), f"rung{n}"
-        double = [(k, r), (f"{k}-causal-gqa-lse-strided", feature_variant(r, True, True, True, True))]
-        double.append((f"{k}-hd256", feature_variant(r, False, False, False, head_dim=256)))
-        double.append((f"{k}-fp16-causal", feature_variant(r, True, False, False, fp16=True)))
-        single = [(f"{k}-long-kv", feature_variant(r, False, False, False, seqlen_k=r.long_kv[0]))]
+        double, single = _p_buffer_builds(n)
+        single = [(k, r) for k, r in single if k.endswith("-long-kv")]
         cases += [(k, r, n == 19) for k, r in double] + [(k, r, False) for k, r in single]
     return cases
 
