@@ -5,8 +5,10 @@ fp16 [rung ...]]
 
 ``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256, the long-K/V
 tiles on the small shapes); ``fp16``
-its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path). Rung numbers
-after ``features`` or ``fp16`` run those rungs' variants instead of the top rung's.
+its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path); ``long`` the
+long-K/V tiles alone (bf16 and fp16, on inputs of size 1e4 too, whose kept-reference votes fail on later K/V tiles:
+rung 19 computes S there again from shared memory). Rung numbers after ``features``, ``fp16`` or ``long`` run
+those rungs' variants instead of the top rung's.
 """
 
 import dataclasses
@@ -76,10 +78,19 @@ def fp16(top):
         one(top, b, h, sq, sk, lse=True, dtype=f16, big=1e4)
 
 
+def long_kv(top):
+    long = dataclasses.replace(top, **top.long_kv[1])  # the long-K/V tiles, forced onto the small shapes
+    for b, h, sq, sk in SHAPES + [(1, 4, 200, 700)]:
+        for dtype in (torch.bfloat16, torch.float16):
+            one(long, b, h, sq, sk, dtype=dtype, big=1e4)
+            one(long, b, h, sq, sk, lse=True, strided=True, h_kv=h // 2 if h % 2 == 0 else None, dtype=dtype, big=30.0)
+
+
 args = sys.argv[1:]
-if args[:1] in (["features"], ["fp16"]):
+modes = {"features": features, "fp16": fp16, "long": long_kv}
+if args[:1] and args[0] in modes:
     for n in [int(a) for a in args[1:]] or [rungs.TOP.number]:
-        (features if args[0] == "features" else fp16)(rungs.get(n))
+        modes[args[0]](rungs.get(n))
 else:
     for n in [int(a) for a in args] or [r.number for r in rungs.RUNGS]:
         r = rungs.get(n)

@@ -46,3 +46,69 @@ def test_long_kv_tiles_match_float64(b, h, h_kv, sq, extra_k, dtype, strided):
     tol = TOL if dtype == torch.bfloat16 else 3e-3
     assert rel_l2(o, attention_exact(q, k, v, scale)) <= tol
     check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
+
+
+def _failing_votes(case, sk, dtype):
+    """Inputs on which rung 19's kept-reference vote fails after its exponentials (so a warp of the long-K/V
+    tiles computes its S again with mma.sync and takes the full path): ``rising`` (scores rising by 16 in log2
+    units every 80-key tile, every tile fails), ``x30`` (randn at scale 1: the vote fails on most early tiles),
+    ``overflow`` (small scores, then one key per row group 200 above them, at key 3001: its P against the kept
+    reference is 2^288, +inf, and only S taken again can say by how much the reference moves). Returns (q, k, v,
+    scale)."""
+    g = torch.Generator().manual_seed(sk)
+    if case == "rising":
+        from test_lazy_rescale_cpu import _rising_tiles
+
+        q, k, v = _rising_tiles(16.0, tiles=-(-sk // 80), block_n=80, seqlen_q=200)
+        return q[..., :sk, :], k[..., :sk, :], v[..., :sk, :], 1.0
+    q = torch.randn(1, 4, 200, 128, generator=g)
+    k, v = torch.randn(1, 4, sk, 128, generator=g), torch.randn(1, 4, sk, 128, generator=g)
+    if case == "x30":
+        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
+    if case == "overflow":
+        q[..., 0] = 1.0
+        k = k * 0.01
+        k[:, :, 3001, 0] = 200.0  # scores ~0 elsewhere (|q|·|k|·0.01), 200 at key 3001
+        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
+    raise ValueError(case)
+
+
+@pytest.mark.skipif(LONG is None, reason="the top rung has no long-K/V tiles")
+@pytest.mark.parametrize(
+    ("case", "dtype", "negative", "gqa_strided"),
+    [
+        ("rising", torch.bfloat16, False, False),
+        ("rising", torch.bfloat16, True, False),  # a negative scale: the wgmmas negate Q, the recompute its sums
+        ("rising", torch.float16, False, False),
+        ("x30", torch.bfloat16, False, False),
+        ("x30", torch.bfloat16, False, True),
+        ("x30", torch.float16, True, True),
+        ("overflow", torch.bfloat16, False, False),
+        ("overflow", torch.float16, False, True),
+    ],
+)
+def test_long_kv_failed_votes_match_float64(case, dtype, negative, gqa_strided):
+    """Rung 19's exponentials first with one P buffer (the long-K/V tiles, three consumer warpgroups): a warp
+    whose vote fails has overwritten S with the speculative P and computes S again from the Q and K tiles in
+    shared memory (mma.sync), then takes the full path. On inputs that fail it (``_failing_votes``) O and the
+    LSE against float64, NaN-poisoned outputs; a negative scale, fp16, GQA and BSHD views on that path too."""
+    sk = LONG + 1001
+    q, k, v, scale = _failing_votes(case, sk, dtype)
+    q, k, v = (t.to(dtype).cuda() for t in (q, k, v))
+    if negative:
+        k, scale = -k, -scale  # the same scaled scores
+    if gqa_strided:
+        k, v = k[:, : k.shape[1] // 2], v[:, : v.shape[1] // 2]  # two query heads per K/V head
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    r = feature_variant(
+        TOP, False, q.shape[1] != k.shape[1], True, gqa_strided, seqlen_k=sk, fp16=dtype == torch.float16
+    )
+    assert r.threads == 512 and r.block_n == TOP.long_kv[1]["block_n"]  # the long tiles are what runs
+    o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    run_rung(TOP, q, k, v, o, scale, lse=lse)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    err = rel_l2(o, attention_exact(q, k, v, scale))
+    assert err <= (TOL if dtype == torch.bfloat16 else 3e-3), err
+    check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
