@@ -6,8 +6,8 @@ fp16 [rung ...]]
 ``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256, the long-K/V
 tiles on the small shapes); ``fp16``
 its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path); ``long`` the
-long-K/V tiles alone (bf16 and fp16, on inputs of size 1e4 too, whose kept-reference votes fail on later K/V tiles:
-rung 19 computes S there again from shared memory). Rung numbers after ``features``, ``fp16`` or ``long`` run
+long-K/V tiles alone (bf16 and fp16, on inputs of size 1e4 and 30, whose kept-reference votes fail on later K/V
+tiles: the full path there). Rung numbers after ``features``, ``fp16`` or ``long`` run
 those rungs' variants instead of the top rung's.
 """
 

@@ -49,12 +49,14 @@ def test_long_kv_tiles_match_float64(b, h, h_kv, sq, extra_k, dtype, strided):
 
 
 def _failing_votes(case, sk, dtype):
-    """Inputs on which rung 19's kept-reference vote fails after its exponentials (so a warp of the long-K/V
-    tiles computes its S again with mma.sync and takes the full path): ``rising`` (scores rising by 16 in log2
-    units every 80-key tile, every tile fails), ``x30`` (randn at scale 1: the vote fails on most early tiles),
-    ``overflow`` (small scores, then one key per row group 200 above them, at key 3001: its P against the kept
-    reference is 2^288, +inf, and only S taken again can say by how much the reference moves). Returns (q, k, v,
-    scale)."""
+    """Inputs on which the kept-reference vote of the long-K/V tiles fails after the first K/V tile, so that
+    their warps take the full path (quad max, lazy test, new reference) on later tiles:
+    - ``rising``: scores rising by 16 in log2 units every 80-key tile (every tile fails);
+    - ``x30``: randn at scale 1 (references still move on early tiles: about 2 % of the row-tiles of the first
+      32 rows in the CPU model, each failing its warp's vote);
+    - ``overflow``: small scores, then one key 200 above them at key 3001 (its P against the kept reference
+      would be 2^288, past fp32's range).
+    Returns (q, k, v, scale)."""
     g = torch.Generator().manual_seed(sk)
     if case == "rising":
         from test_lazy_rescale_cpu import _rising_tiles
@@ -88,10 +90,11 @@ def _failing_votes(case, sk, dtype):
     ],
 )
 def test_long_kv_failed_votes_match_float64(case, dtype, negative, gqa_strided):
-    """Rung 19's exponentials first with one P buffer (the long-K/V tiles, three consumer warpgroups): a warp
-    whose vote fails has overwritten S with the speculative P and computes S again from the Q and K tiles in
-    shared memory (mma.sync), then takes the full path. On inputs that fail it (``_failing_votes``) O and the
-    LSE against float64, NaN-poisoned outputs; a negative scale, fp16, GQA and BSHD views on that path too."""
+    """The long-K/V tiles (three consumer warpgroups, one P buffer) on inputs whose kept references move after the
+    first K/V tile (``_failing_votes``): O and the LSE against float64, NaN-poisoned outputs; a negative scale
+    (the S wgmmas negate Q), fp16, GQA and BSHD views on that path too. (The other long-K/V tests use randn at
+    1/sqrt(128), where no vote fails after the first tile. In the twelfth session these inputs also ran the
+    in-place exponentials with S computed again from shared memory, tried on rung 19 and not kept: its page.)"""
     sk = LONG + 1001
     q, k, v, scale = _failing_votes(case, sk, dtype)
     q, k, v = (t.to(dtype).cuda() for t in (q, k, v))

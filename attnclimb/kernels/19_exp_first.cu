@@ -130,7 +130,6 @@
 #endif
 
 #include "abi.cuh"
-#include "mma_sync.cuh"  // the three-warpgroup builds' recompute of S after a failed vote (mma.sync, ldmatrix)
 #include "softmax.cuh"
 #include "trace.cuh"
 #include "wgmma_attn.cuh"
@@ -196,17 +195,6 @@ constexpr int NUM_WARPS = NUM_THREADS / 32;
 #endif
 #if EXP_FIRST && !P_DOUBLE_BUFFER
 #error "EXP_FIRST packs P into the buffer that the P·V in flight does not read: it needs P_DOUBLE_BUFFER"
-#endif
-// With one P buffer (three consumer warpgroups) the speculative P goes into S's own registers, and a warp
-// whose vote fails computes its rows of S again with mma.sync from the Q and K tiles, which is why such a
-// warp releases its K slot after its vote instead of after the S wait. At head_dim 128 (the long-K/V tiles,
-// 192 x 80: S 40, P 20, O 64 registers); head_dim 64's 192 x 128 tiles (S 64, P 32, O 32) spill 40-64 bytes
-// with the recompute at 160 registers, so they keep rung 18's path.
-#ifndef EXP_IN_PLACE
-#define EXP_IN_PLACE (!P_DOUBLE_BUFFER && HEAD_DIM == 128)
-#endif
-#if EXP_IN_PLACE && EXP_FIRST
-#error "EXP_IN_PLACE is the one-P-buffer form of EXP_FIRST: one or the other"
 #endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
@@ -505,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
     const float inv_scale_log2 = 1.f / scale_log2;
-#if EXP_FIRST || EXP_IN_PLACE
+#if EXP_FIRST
     const float p_limit = exp2f(RESCALE_THRESHOLD);  // the largest P that a kept reference may give
 #endif
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
@@ -681,83 +669,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         return true;
     };
 #endif
-#if EXP_IN_PLACE
-    // The same with one P buffer (three consumer warpgroups): P = 2^(s·mul − R) overwrites S in its
-    // registers, where the pack after the P·V wait expects P anyway. Returns 1 (every row of the warp keeps
-    // its reference: P in s, l updated, the l fix applied), −1 (the vote failed: l as it was, s holds the
-    // speculative P, so the caller computes S again) or 0 (fp16 rows stored shifted: nothing done, s still
-    // S).
-    auto exp_in_place_tile = [&]() -> int {
-#if FP16
-        if (__any_sync(0xffffffffu, row_shift[0] != 0.f || row_shift[1] != 0.f)) return 0;
-#endif
-        const float mul[2] = {smx::row_multiplier(row_max[0], scale_log2),
-                              smx::row_multiplier(row_max[1], scale_log2)};
-        const float sum_before[2] = {row_sum[0], row_sum[1]};
-        float p_max[2] = {0.f, 0.f};  // the largest P of this thread's columns of each row (NaN dropped)
-#pragma unroll
-        for (int j = 0; j < S_TILES; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
-                row_sum[e >> 1] += s[j][e];
-            }
-            p_max[0] = fmaxf(p_max[0], fmaxf(s[j][0], s[j][1]));
-            p_max[1] = fmaxf(p_max[1], fmaxf(s[j][2], s[j][3]));
-        }
-        if (!__all_sync(0xffffffffu, p_max[0] <= p_limit && p_max[1] <= p_limit)) {
-            row_sum[0] = sum_before[0];
-            row_sum[1] = sum_before[1];
-            return -1;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) add_l_fix(r, p_max[r]);  // the l fix, with the largest P itself
-        return 1;
-    };
-    // S of this warp's 16 rows again, from Q and the K tile in ring slot `slot`, for a warp whose vote failed
-    // (its S registers hold the speculative P). One m16n8k16 mma.sync per n8 tile and k16 step, whose
-    // accumulator layout is a warp's share of the wgmma's (common.cuh); the fragments come from the
-    // 128-B-swizzled tiles with ldmatrix (chunk c of row r at c ^ (r % 8), as in the TMA boxes). The same
-    // products as the wgmma's, summed in fp32 in another order: the full path then runs on these scores
-    // alone.
-    auto recompute_s = [&](int slot) {
-        const uint32_t q_warp = smem_addr(s_q) + cw * WARP_ROWS * ROW_BYTES;  // this warp's rows, panel 0
-        const uint32_t k_tile = smem_addr(s_k) + slot * KV_TILE_BYTES;
-        // ldmatrix.x4's lanes 8i..8i+7 address the rows of matrix i: for A (Q) the matrices are rows 0-7 /
-        // 8-15 by k 0-7 / 8-15 of the step, for B (K) n8 tile j / j + 1 by k 0-7 / 8-15.
-        const int a_row = lane % 16, a_chunk = lane / 16;
-        const int b_key = (lane / 16) * 8 + lane % 8, b_chunk = (lane / 8) % 2;
-        // Two n8 tiles at a time over all of head_dim (a loop, not unrolled), so that the rare path needs few
-        // registers beyond S and O at 160 per thread.
-#pragma unroll
-        for (int j = 0; j < S_TILES; j += 2) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            s[j + 1][0] = s[j + 1][1] = s[j + 1][2] = s[j + 1][3] = 0.f;
-            const int key = j * 8 + b_key;
-#pragma unroll 1
-            for (int d = 0; d < HEAD_DIM / 16; ++d) {
-                const uint32_t panel = d / 4, c0 = 2 * (d % 4);  // k16 step d: chunks c0, c0 + 1 of its panel
-                uint32_t a[4], b[4];
-                ldmatrix_x4(
-                    a, q_warp + panel * Q_PANEL + a_row * ROW_BYTES + (((c0 + a_chunk) ^ (a_row & 7)) << 4));
-                ldmatrix_x4(
-                    b, k_tile + panel * KV_PANEL + key * ROW_BYTES + (((c0 + b_chunk) ^ (key & 7)) << 4));
-#if FP16
-                mma_m16n8k16_f16(s[j], a, b[0], b[1]);
-                mma_m16n8k16_f16(s[j + 1], a, b[2], b[3]);
-#else
-                mma_m16n8k16(s[j], a, b[0], b[1]);
-                mma_m16n8k16(s[j + 1], a, b[2], b[3]);
-#endif
-            }
-        }
-        if (negate) {  // the wgmmas negate Q (exact); here the sums, the same up to their order
-#pragma unroll
-            for (int j = 0; j < S_TILES; ++j)
-                s[j][0] = -s[j][0], s[j][1] = -s[j][1], s[j][2] = -s[j][2], s[j][3] = -s[j][3];
-        }
-    };
-#endif
     auto issue_qk = [&](int slot) {
         const uint64_t k_desc = k_desc0 + ((slot * KV_TILE_BYTES) >> 4);
         hop::reg_fence(s);
@@ -855,11 +766,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
             gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
             hop::named_bar_arrive(other_turn, TURN_THREADS);
-            hop::wgmma_wait<1>();  // the older group, S, is complete
-            hop::reg_fence(s);     // no read of S above the wgmma wait
-#if !EXP_IN_PLACE  // (with P in place of S, K is released after the vote: a failed one reads K again)
+            hop::wgmma_wait<1>();                                 // the older group, S, is complete
+            hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
-#endif
             TRACE_END(S);
 
             TRACE_BEGIN(SOFTMAX);
@@ -875,22 +784,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                 for (int ks = 0; ks < KV_STEPS; ++ks)
                     pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
             }
-#elif EXP_IN_PLACE
-            // The kept references first, P in place of S: kept, or S again from Q and K and the full path.
-            bool rescale = false;
-            alpha[0] = alpha[1] = 1.f;
-            const int kept = exp_in_place_tile();  // warp-uniform: a vote
-            if (kept < 0) {
-                recompute_s(slot);
-                hop::fence_proxy_async();  // ldmatrix read K (generic proxy); the next TMA load writes it
-            }
-            if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp no longer reads K_nb
-            if (kept <= 0) {
-                if (kept < 0) mask_tile(nb * BLOCK_N, m_start);
-                rescale = softmax_tile(alpha, true);
-            }
 #else
-        const bool rescale = softmax_tile(alpha, false);
+            const bool rescale = softmax_tile(alpha, false);
 #endif
             // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
             // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.

@@ -1,6 +1,5 @@
-// mma_sync.cuh — warp-level tensor-core helpers of rungs 2–5 (mma.sync and ldmatrix); of the wgmma
-// rungs only rung 19 includes it, for its three-warpgroup builds' rare recompute of S. PTX ISA: "Warp-level
-// matrix instructions: ldmatrix", "mma".
+// mma_sync.cuh — warp-level tensor-core helpers of rungs 2–5 (mma.sync and ldmatrix); the wgmma
+// rungs (6 and up) do not include it. PTX ISA: "Warp-level matrix instructions: ldmatrix", "mma".
 //   B (16x8) fragment of mma.m16n8k16: b0 = (k 2t..2t+1, n g)  b1 = (k 2t+8..2t+9, n g)
 #pragma once
 
@@ -25,15 +24,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The same with fp16 operands (rung 19's FP16 variant).
-__device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                 uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
