@@ -21,6 +21,11 @@
 * ``wgarrive18/18_smem_epilogue.cu`` and ``vfirst18/…``: the same two rewrites of rung 18 (``VARIANTS_OF_18``;
   ``scripts/device_calls.sh ab-18b``): on rung 17 ``wgarrive`` gained at 4k and 16k and lost causal, ``vfirst``
   gained on the Wan shapes only; on rung 18 both lost (seventh session, rung 18's page, "Tried on this rung");
+* ``nopptop/…``: the top rung without the ping-pong turns (``nopp``'s rewrite; twelfth session, rung 10's page,
+  "Revisited": they pay at the top, most in the three-warpgroup builds);
+* ``hint/…`` and ``hintq/…`` + ``l2hint.cuh``: the top rung's TMA loads with an L2 eviction priority (K/V
+  ``evict_last`` and Q ``evict_first``; Q ``evict_first`` only): within the noise (twelfth session, rung 19's
+  page, "Tried on this rung");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
@@ -337,6 +342,92 @@ def nomax(src: str) -> str:
     )
 
 
+L2HINT_HEADER = """// A/B variant (scripts/make_variants.py): TMA tile loads with an L2 eviction priority (PTX ISA
+// "createpolicy", "cp.async.bulk.tensor" with .L2::cache_hint): a 64-bit policy made once by createpolicy rides
+// along with each copy (the desc[UR] operand of UTMALDG in SASS).
+#pragma once
+#include "hopper.cuh"
+
+namespace l2h {
+__device__ __forceinline__ uint64_t evict_last() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint64_t evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ void tile(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows, int box_rows,
+                                     int row0, int bh, int panels, uint64_t pol) {
+    for (int p = 0; p < panels; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            asm volatile(
+                "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_addr(dst + (p * rows + r) * hop::PANEL_ROW_BYTES)),
+                "l"(reinterpret_cast<uint64_t>(map)), "r"(p * 64), "r"(row0 + r), "r"(bh), "r"(smem_addr(bar)), "l"(pol)
+                : "memory");
+}
+__device__ __forceinline__ void tile_4d(unsigned char* dst, const TmaDesc* map, uint64_t* bar, int rows,
+                                        int box_rows, int row0, int head, int batch, int panels, uint64_t pol) {
+    for (int p = 0; p < panels; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                ::"r"(smem_addr(dst + (p * rows + r) * hop::PANEL_ROW_BYTES)),
+                "l"(reinterpret_cast<uint64_t>(map)), "r"(p * 64), "r"(row0 + r), "r"(head), "r"(batch),
+                "r"(smem_addr(bar)), "l"(pol)
+                : "memory");
+}
+}  // namespace l2h
+"""
+
+
+def l2hint(kv_last):
+    """The top rung's Q tile loads with L2 evict_first and, with ``kv_last``, its K and V tile loads with
+    evict_last (the policies made at the kernel's start): issue 13's "L2 eviction hints on the TMA loads"."""
+
+    def rewrite(src):
+        src = _sub(
+            src, '#include "wgmma_desc.cuh"\n', '#include "wgmma_desc.cuh"\n#include "l2hint.cuh"  // A/B variant\n', 1
+        )
+        kv = "l2h::evict_last()" if kv_last else "0"
+        src = _sub(
+            src,
+            "    extern __shared__ unsigned char smem_raw[];\n",
+            "    extern __shared__ unsigned char smem_raw[];\n"
+            f"    const uint64_t pol_kv = {kv}, pol_q = l2h::evict_first();\n",
+            1,
+        )
+        # Q: the 3-D and the 4-D (strided) load
+        src = _sub(
+            src, r"hop::tma_load_tile\((s_q, [^;]*?), PANELS\);", r"l2h::tile(\1, PANELS, pol_q);", 1, regex=True
+        )
+        src = _sub(
+            src, r"hop::tma_load_tile_4d\((s_q, [^;]*?), PANELS\);", r"l2h::tile_4d(\1, PANELS, pol_q);", 1, regex=True
+        )
+        if kv_last:  # K and V, 3-D and 4-D (in load_k and load_v)
+            src = _sub(
+                src,
+                r"hop::tma_load_tile\((s_[kv] \+ [^;]*?), PANELS\);",
+                r"l2h::tile(\1, PANELS, pol_kv);",
+                2,
+                regex=True,
+            )
+            src = _sub(
+                src,
+                r"hop::tma_load_tile_4d\((s_[kv] \+ [^;]*?), PANELS\);",
+                r"l2h::tile_4d(\1, PANELS, pol_kv);",
+                2,
+                regex=True,
+            )
+        return src
+
+    return rewrite
+
+
 def main(out=".ab"):
     top, measured, measured17 = rungs.TOP, rungs.get(VARIANTS_OF), rungs.get(VARIANTS_OF_17)
     for name, fn, extra, rung in (
@@ -353,6 +444,9 @@ def main(out=".ab"):
         ("noload", noload, {}, top),
         ("noexp", noexp, {}, top),
         ("nomax", nomax, {}, top),
+        ("nopptop", nopp, {}, top),
+        ("hint", l2hint(True), {"l2hint.cuh": L2HINT_HEADER}, top),
+        ("hintq", l2hint(False), {"l2hint.cuh": L2HINT_HEADER}, top),
         ("base17", lambda text: text, {}, measured17),
         ("wgarrive", wgarrive, {}, measured17),
         ("sleep17", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, measured17),

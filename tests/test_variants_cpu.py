@@ -178,3 +178,43 @@ def test_rung18_variants_rewrite_it_and_compile_without_spills(tmp_path, name, h
     assert SERIALIZED_WGMMA not in c.log
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+
+
+def test_top_rung_variants_are_generated(tmp_path):
+    """The twelfth session's variants of the top rung: ``nopptop`` (no turns), ``hint`` (L2 evict_last on K/V,
+    evict_first on Q) and ``hintq`` (evict_first on Q only), each loading its tiles as named."""
+    _load().main(str(tmp_path))
+    name = rungs.TOP.source.name
+    nopp = (tmp_path / "nopptop" / name).read_text()
+    assert "named_bar_sync" in rungs.TOP.source.read_text() and "named_bar_" not in nopp
+    hint, hintq = ((tmp_path / v / name).read_text() for v in ("hint", "hintq"))
+    assert len(re.findall(r"l2h::tile(?:_4d)?\(s_[kv] \+ .*?pol_kv\);", hint, flags=re.S)) == 4
+    assert len(re.findall(r"l2h::tile(?:_4d)?\(s_q, .*?pol_q\);", hint, flags=re.S)) == 2
+    assert "hop::tma_load_tile" not in hint and "pol_kv = l2h::evict_last()" in hint
+    assert len(re.findall(r"l2h::tile(?:_4d)?\(s_q, .*?pol_q\);", hintq, flags=re.S)) == 2
+    assert hintq.count("hop::tma_load_tile") == 4 and "pol_kv = 0" in hintq
+
+
+@pytest.mark.parametrize("name", ["nopptop", "hint", "hintq"])
+@pytest.mark.parametrize("build", ["plain", "long-kv", "causal-gqa-lse-strided"])
+def test_top_rung_variants_build_without_spills(tmp_path, name, build):
+    """Each of them compiles for sm_90a without spills where the top rung does; the hints show up in SASS as
+    the policy operand of UTMALDG (``desc[UR..]``)."""
+    _load().main(str(tmp_path))
+    top = rungs.TOP
+    r = {
+        "plain": top,
+        "long-kv": feature_variant(top, False, False, False, seqlen_k=top.long_kv[0]),
+        "causal-gqa-lse-strided": feature_variant(top, True, True, True, True),
+    }[build]
+    d = tmp_path / name
+    src = (d / top.source.name).read_text()
+    for h in d.glob("*.cuh"):
+        src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
+    c = compile_source(r, src)
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    if find_cuobjdump() is not None:
+        loads = [ln for ln in sass(c.cubin).splitlines() if "UTMALDG" in ln]
+        hinted = sum("desc[" in ln for ln in loads)  # hintq: the Q tile's boxes only
+        assert {"nopptop": hinted == 0, "hint": hinted == len(loads), "hintq": 0 < hinted < len(loads)}[name], loads
