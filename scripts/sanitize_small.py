@@ -6,8 +6,9 @@ fp16 [rung ...]]
 ``features`` runs the top rung's compile-time variants (causal, GQA, LSE, strided, head_dim 64/256, the long-K/V
 tiles on the small shapes); ``fp16``
 its FP16 variants (the same set on fp16 inputs, and inputs whose rows take the fp16-P slow path); ``long`` the
-long-K/V tiles alone (bf16 and fp16, on inputs of size 1e4 and 30, whose kept-reference votes fail on later K/V
-tiles: the full path there). Rung numbers after ``features``, ``fp16`` or ``long`` run
+long-K/V tiles alone (bf16 and fp16, on inputs of size 1e4 and 30: where a shape has more than one 80-key K/V tile,
+bf16 rows fail their kept-reference votes on later tiles and take the full path; fp16 rows of size 1e4 take the
+shifted-P path). Rung numbers after ``features``, ``fp16`` or ``long`` run
 those rungs' variants instead of the top rung's.
 """
 

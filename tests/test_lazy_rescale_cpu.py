@@ -75,6 +75,72 @@ def _largest_p(q, k, tau, block_n=128):
     return worst
 
 
+def _long_kv_failing_inputs(case, sk, dtype):
+    """Inputs on which the kept-reference vote of the long-K/V tiles (80 keys) fails after the first K/V tile, so
+    that their warps take the full path (quad max, lazy test, new reference) on later tiles (the GPU test
+    tests/test_long_kv_gpu.py::test_long_kv_failed_votes_match_float64; ``test_long_kv_inputs_move_references``
+    checks the premise in the model):
+    - ``rising``: scores rising by 16 in log2 units every 80-key tile (every tile fails), one head;
+    - ``scale1``: randn at scale 1, four heads (references still move on early tiles: about 2 % of the row-tiles
+      in the model, each failing its warp's vote);
+    - ``overflow``: small scores, then one key 200 above them at key 3001, four heads (its P against the kept
+      reference would be 2^288, past fp32's range).
+    Returns (q, k, v, scale)."""
+    g = torch.Generator().manual_seed(sk)
+    if case == "rising":
+        q, k, v = _rising_tiles(16.0, tiles=-(-sk // 80), block_n=80, seqlen_q=200)
+        return q, k[..., :sk, :], v[..., :sk, :], 1.0
+    q = torch.randn(1, 4, 200, 128, generator=g)
+    k, v = torch.randn(1, 4, sk, 128, generator=g), torch.randn(1, 4, sk, 128, generator=g)
+    if case == "scale1":
+        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
+    if case == "overflow":
+        q[..., 0] = 1.0
+        k = k * 0.01
+        k[:, :, 3001, 0] = 200.0  # scores ~0 elsewhere (|q|·|k|·0.01), 200 at key 3001
+        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
+    raise ValueError(case)
+
+
+def _moved_references(q, k, scale, block_n):
+    """Per K/V tile after the first: how many rows' lazy references move in the fp32 model (the tiles where the
+    kernel's vote fails for the warps of those rows)."""
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)).float()
+    if scale < 0:
+        s = -s
+    c = torch.tensor(abs(scale) * LOG2E, dtype=torch.float32)
+    m = torch.full(s.shape[:-1] + (1,), _reference.ROW_MAX_INIT)
+    err = torch.zeros_like(m)
+    moved = []
+    for n0 in range(0, s.shape[-1], block_n):
+        m_new = lazy_max_fp32(m, err, torch.maximum(m, s[..., n0 : n0 + block_n].amax(-1, keepdim=True)), c, TAU)
+        if n0 > 0:
+            moved.append(int((m_new != m).sum()))
+        _, _, _, err = _reference.online_rescale_fp32(m, err, m_new, c)
+        m = m_new
+    return moved
+
+
+@pytest.mark.skipif(rungs.TOP.long_kv is None, reason="the top rung has no long-K/V tiles")
+@pytest.mark.parametrize("case", ["rising", "scale1", "overflow"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_long_kv_inputs_move_references(case, dtype):
+    """The GPU test of the long-K/V full path is only one if its inputs fail the vote: in the lazy model (the
+    first 32 rows, the long-K/V tiles' BLOCK_N), ``rising`` moves every row's reference on every tile,
+    ``scale1`` on at least 1 % of the row-tiles, ``overflow`` each row's exactly once, at key 3001's tile."""
+    bound, tiles = rungs.TOP.long_kv
+    q, k, _, scale = _long_kv_failing_inputs(case, bound + 1001, dtype)
+    q = q.to(dtype)[..., :32, :]
+    moved = _moved_references(q, k.to(dtype), scale, tiles["block_n"])
+    rows = q.shape[1] * q.shape[2]
+    if case == "rising":
+        assert moved == [rows] * len(moved)
+    elif case == "scale1":
+        assert sum(moved) >= 0.01 * rows * len(moved), moved
+    else:
+        assert sum(moved) == rows and moved[3001 // tiles["block_n"] - 1] == rows, moved
+
+
 @pytest.mark.parametrize("step", [7.9, 4.0, 8.5, 16.0])
 def test_lazy_model_rising_max(step):
     """The running max rises every tile. A step under the threshold keeps the reference on every other tile,

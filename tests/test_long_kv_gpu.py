@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_gpu import TOL
 from test_gpu_features import _bound, check_lse
+from test_lazy_rescale_cpu import _long_kv_failing_inputs
 
 from attnclimb import rungs
 from attnclimb.reference import attention_exact, lse_exact, rel_l2
@@ -48,59 +49,34 @@ def test_long_kv_tiles_match_float64(b, h, h_kv, sq, extra_k, dtype, strided):
     check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
 
 
-def _failing_votes(case, sk, dtype):
-    """Inputs on which the kept-reference vote of the long-K/V tiles fails after the first K/V tile, so that
-    their warps take the full path (quad max, lazy test, new reference) on later tiles:
-    - ``rising``: scores rising by 16 in log2 units every 80-key tile (every tile fails);
-    - ``x30``: randn at scale 1 (references still move on early tiles: about 2 % of the row-tiles of the first
-      32 rows in the CPU model, each failing its warp's vote);
-    - ``overflow``: small scores, then one key 200 above them at key 3001 (its P against the kept reference
-      would be 2^288, past fp32's range).
-    Returns (q, k, v, scale)."""
-    g = torch.Generator().manual_seed(sk)
-    if case == "rising":
-        from test_lazy_rescale_cpu import _rising_tiles
-
-        q, k, v = _rising_tiles(16.0, tiles=-(-sk // 80), block_n=80, seqlen_q=200)
-        return q[..., :sk, :], k[..., :sk, :], v[..., :sk, :], 1.0
-    q = torch.randn(1, 4, 200, 128, generator=g)
-    k, v = torch.randn(1, 4, sk, 128, generator=g), torch.randn(1, 4, sk, 128, generator=g)
-    if case == "x30":
-        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
-    if case == "overflow":
-        q[..., 0] = 1.0
-        k = k * 0.01
-        k[:, :, 3001, 0] = 200.0  # scores ~0 elsewhere (|q|·|k|·0.01), 200 at key 3001
-        return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
-    raise ValueError(case)
-
-
 @pytest.mark.skipif(LONG is None, reason="the top rung has no long-K/V tiles")
 @pytest.mark.parametrize(
     ("case", "dtype", "negative", "gqa_strided"),
     [
         ("rising", torch.bfloat16, False, False),
-        ("rising", torch.bfloat16, True, False),  # a negative scale: the wgmmas negate Q, the recompute its sums
+        ("rising", torch.bfloat16, True, False),  # a negative scale: the S wgmmas negate Q
         ("rising", torch.float16, False, False),
-        ("x30", torch.bfloat16, False, False),
-        ("x30", torch.bfloat16, False, True),
-        ("x30", torch.float16, True, True),
+        ("scale1", torch.bfloat16, False, False),
+        ("scale1", torch.bfloat16, False, True),
+        ("scale1", torch.float16, True, True),
         ("overflow", torch.bfloat16, False, False),
         ("overflow", torch.float16, False, True),
     ],
 )
 def test_long_kv_failed_votes_match_float64(case, dtype, negative, gqa_strided):
-    """The long-K/V tiles (three consumer warpgroups, one P buffer) on inputs whose kept references move after the
-    first K/V tile (``_failing_votes``): O and the LSE against float64, NaN-poisoned outputs; a negative scale
-    (the S wgmmas negate Q), fp16, GQA and BSHD views on that path too. (The other long-K/V tests use randn at
-    1/sqrt(128), where no vote fails after the first tile. In the twelfth session these inputs also ran the
-    in-place exponentials with S computed again from shared memory, tried on rung 19 and not kept: its page.)"""
+    """The long-K/V tiles (three consumer warpgroups, one P buffer) on inputs whose kept references move after
+    the first K/V tile (``test_lazy_rescale_cpu._long_kv_failing_inputs``; a CPU test there checks that they
+    do): O and the LSE against float64, NaN-poisoned outputs; a negative scale (the S wgmmas negate Q), fp16,
+    GQA and BSHD views on that path too. (The other long-K/V tests use randn at 1/sqrt(128), where no vote fails
+    after the first tile. In the twelfth session these inputs also ran the in-place exponentials with S
+    computed again from shared memory, tried on rung 19 and not kept: its page.)"""
     sk = LONG + 1001
-    q, k, v, scale = _failing_votes(case, sk, dtype)
+    q, k, v, scale = _long_kv_failing_inputs(case, sk, dtype)
     q, k, v = (t.to(dtype).cuda() for t in (q, k, v))
     if negative:
         k, scale = -k, -scale  # the same scaled scores
     if gqa_strided:
+        assert k.shape[1] % 2 == 0, "GQA needs an even number of heads"
         k, v = k[:, : k.shape[1] // 2], v[:, : v.shape[1] // 2]  # two query heads per K/V head
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     r = feature_variant(
