@@ -59,19 +59,28 @@ def _rising_tiles(step_log2, tiles=8, block_n=128, seqlen_q=16, seed=0):
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
-def _largest_p(q, k, tau, block_n=128):
-    """The largest P the lazy model forms on these inputs (log2), i.e. how far a kept reference lags."""
+def _lazy_tiles(q, k, tau, block_n, scale=1.0):
+    """The lazy model's walk over the K/V tiles of q·kᵀ (fp32 scores of float64 products; a negative ``scale``
+    negates them, as the kernels do): per tile (its scores, the row max before it, the new one, mul, −R)."""
     s = torch.matmul(q.double(), k.double().transpose(-1, -2)).float()
-    c = torch.tensor(LOG2E, dtype=torch.float32)
+    if scale < 0:
+        s = -s
+    c = torch.tensor(abs(scale) * LOG2E, dtype=torch.float32)
     m = torch.full(s.shape[:-1] + (1,), _reference.ROW_MAX_INIT)
     err = torch.zeros_like(m)
-    worst = -math.inf
     for n0 in range(0, s.shape[-1], block_n):
         t = s[..., n0 : n0 + block_n]
         m_new = lazy_max_fp32(m, err, torch.maximum(m, t.amax(-1, keepdim=True)), c, tau)  # the model's rule
         _, mul, neg_ref, err = _reference.online_rescale_fp32(m, err, m_new, c)
-        worst = max(worst, _reference._fma32(t, mul.expand_as(t), neg_ref.expand_as(t)).max().item())
+        yield t, m, m_new, mul, neg_ref
         m = m_new
+
+
+def _largest_p(q, k, tau, block_n=128):
+    """The largest P the lazy model forms on these inputs (log2), i.e. how far a kept reference lags."""
+    worst = -math.inf
+    for t, _, _, mul, neg_ref in _lazy_tiles(q, k, tau, block_n):
+        worst = max(worst, _reference._fma32(t, mul.expand_as(t), neg_ref.expand_as(t)).max().item())
     return worst
 
 
@@ -105,20 +114,8 @@ def _long_kv_failing_inputs(case, sk, dtype):
 def _moved_references(q, k, scale, block_n):
     """Per K/V tile after the first: how many rows' lazy references move in the fp32 model (the tiles where the
     kernel's vote fails for the warps of those rows)."""
-    s = torch.matmul(q.double(), k.double().transpose(-1, -2)).float()
-    if scale < 0:
-        s = -s
-    c = torch.tensor(abs(scale) * LOG2E, dtype=torch.float32)
-    m = torch.full(s.shape[:-1] + (1,), _reference.ROW_MAX_INIT)
-    err = torch.zeros_like(m)
-    moved = []
-    for n0 in range(0, s.shape[-1], block_n):
-        m_new = lazy_max_fp32(m, err, torch.maximum(m, s[..., n0 : n0 + block_n].amax(-1, keepdim=True)), c, TAU)
-        if n0 > 0:
-            moved.append(int((m_new != m).sum()))
-        _, _, _, err = _reference.online_rescale_fp32(m, err, m_new, c)
-        m = m_new
-    return moved
+    tiles = list(_lazy_tiles(q, k, TAU, block_n, scale))[1:]
+    return [int((m_new != m).sum()) for _, m, m_new, _, _ in tiles]
 
 
 @pytest.mark.skipif(rungs.TOP.long_kv is None, reason="the top rung has no long-K/V tiles")

@@ -19,6 +19,22 @@ TOP = rungs.TOP
 LONG = TOP.long_kv[0] if TOP.long_kv else None
 
 
+def _check_long_tiles(q, k, v, scale, strided):
+    """Run the top rung's long-K/V tiles (asserted to be what runs) on q, k, v into NaN-poisoned O and LSE, and
+    check both against float64 (bf16: TOL, fp16: 3e-3 rel. L2; the LSE by ``check_lse``)."""
+    dtype, sk = q.dtype, k.shape[2]
+    r = feature_variant(TOP, False, q.shape[1] != k.shape[1], True, strided, seqlen_k=sk, fp16=dtype == torch.float16)
+    assert r.threads == 512 and r.block_n == TOP.long_kv[1]["block_n"]  # the long tiles are what runs
+    o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    run_rung(TOP, q, k, v, o, scale, lse=lse)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    err = rel_l2(o, attention_exact(q, k, v, scale))
+    assert err <= (TOL if dtype == torch.bfloat16 else 3e-3), err
+    check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
+
+
 @pytest.mark.skipif(LONG is None, reason="the top rung has no long-K/V tiles")
 @pytest.mark.parametrize(
     ("b", "h", "h_kv", "sq", "extra_k", "dtype", "strided"),
@@ -31,22 +47,12 @@ LONG = TOP.long_kv[0] if TOP.long_kv else None
 )
 def test_long_kv_tiles_match_float64(b, h, h_kv, sq, extra_k, dtype, strided):
     sk = LONG + extra_k
-    r = feature_variant(TOP, False, h != h_kv, True, strided, seqlen_k=sk, fp16=dtype == torch.float16)
-    assert r.threads == 512 and r.block_n == TOP.long_kv[1]["block_n"]  # the long tiles are what runs
     g = torch.Generator(device="cuda").manual_seed(sq + sk)
     q = torch.randn(b, h, sq, 128, generator=g, device="cuda").to(dtype)
     k, v = (torch.randn(b, h_kv, sk, 128, generator=g, device="cuda").to(dtype) for _ in range(2))
     if strided:
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    scale = 1 / math.sqrt(128)
-    o = torch.full((b, h, sq, 128), float("nan"), device="cuda", dtype=dtype)
-    lse = torch.full((b, h, sq), float("nan"), device="cuda")
-    run_rung(TOP, q, k, v, o, scale, lse=lse)
-    torch.cuda.synchronize()
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
-    tol = TOL if dtype == torch.bfloat16 else 3e-3
-    assert rel_l2(o, attention_exact(q, k, v, scale)) <= tol
-    check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
+    _check_long_tiles(q, k, v, 1 / math.sqrt(128), strided)
 
 
 @pytest.mark.skipif(LONG is None, reason="the top rung has no long-K/V tiles")
@@ -79,15 +85,4 @@ def test_long_kv_failed_votes_match_float64(case, dtype, negative, gqa_strided):
         assert k.shape[1] % 2 == 0, "GQA needs an even number of heads"
         k, v = k[:, : k.shape[1] // 2], v[:, : v.shape[1] // 2]  # two query heads per K/V head
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    r = feature_variant(
-        TOP, False, q.shape[1] != k.shape[1], True, gqa_strided, seqlen_k=sk, fp16=dtype == torch.float16
-    )
-    assert r.threads == 512 and r.block_n == TOP.long_kv[1]["block_n"]  # the long tiles are what runs
-    o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
-    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
-    run_rung(TOP, q, k, v, o, scale, lse=lse)
-    torch.cuda.synchronize()
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
-    err = rel_l2(o, attention_exact(q, k, v, scale))
-    assert err <= (TOL if dtype == torch.bfloat16 else 3e-3), err
-    check_lse(lse, lse_exact(q, k, scale), _bound(q, k, scale))
+    _check_long_tiles(q, k, v, scale, gqa_strided)

@@ -49,9 +49,9 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
-def _inlined(d):
-    """The variant in folder ``d`` with its own headers inlined (their includes resolve in the kernels)."""
-    src = (d / MEASURED.source.name).read_text()
+def _inlined(d, name=MEASURED.source.name):
+    """The variant ``name`` in folder ``d`` with its own headers inlined (their includes resolve in the kernels)."""
+    src = (d / name).read_text()
     for h in d.glob("*.cuh"):
         src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
     return src
@@ -207,11 +207,7 @@ def test_top_rung_variants_build_without_spills(tmp_path, name, build):
         "long-kv": feature_variant(top, False, False, False, seqlen_k=top.long_kv[0]),
         "causal-gqa-lse-strided": feature_variant(top, True, True, True, True),
     }[build]
-    d = tmp_path / name
-    src = (d / top.source.name).read_text()
-    for h in d.glob("*.cuh"):
-        src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
-    c = compile_source(r, src)
+    c = compile_source(r, _inlined(tmp_path / name, top.source.name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
     if find_cuobjdump() is not None:
