@@ -36,6 +36,9 @@
 #                                           timed once q3 is in) the diagnostics noload / noexp / nomax (make_variants.py,
 #                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
+#   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
+#   bash scripts/device_calls.sh ladder-nopp / d64-ncu / d64-fa4   (carry .peers/q1 / q2 / q3, back to back) the ladder
+#                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
@@ -176,6 +179,42 @@ case "${1:-}" in
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_exp2.json" 2>&1 | tail -9
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs 14 "${vs[@]:0:6}" --head-dim 64 --rounds 3 --no-errors \
       --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_exp2_d64.json" 2>&1 | tail -5
+    ;;
+  ab-dims)   # (no carry, ~4 min; FA4 too if installed) the top rung's head_dim 64 and 256 tiles (thirteenth session):
+             # d64 two consumer warpgroups (128 x 128, so P double-buffered and exponentials first; 3 stages; 128 x 176)
+             # and three with 64-key tiles and two P buffers; d256 80-key tiles; non-causal and causal
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    mkdir -p .ab/base && cp attnclimb/kernels/$(basename "$(ls attnclimb/kernels/${TOP}_*.cu)") .ab/base/
+    b=.ab/base; w2=block_m=128,threads=384,q_box_rows=128
+    vs=(--variant "wg2=$b@$w2" --variant "wg2s3=$b@$w2,NUM_STAGES=3" --variant "wg2n176=$b@$w2,block_n=176,kv_box_rows=176"
+      --variant "wg3n64pdb=$b@block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
+    for c in "" --causal; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_dims_d64${c#--}.json" 2>&1 | tail -5
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "n80=$b@block_n=80,kv_box_rows=80" --head-dim 256 \
+        --rounds 3 --no-errors $c --shapes 4x8x4096,2x8x8192,1x8x16384 --out "$OUT/ab_dims_d256${c#--}.json" 2>&1 | tail -5
+    done
+    ;;
+  ladder-nopp)   # (carry .peers/q1, ~6 min) every rung from 9 to the top against itself without the ping-pong turns
+                 # (make_variants.py nopp_ladder): the data for a ladder whose turns come last (thirteenth session)
+    mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/ 2>/dev/null
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder --rounds 3 --no-errors \
+      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder_nopp.json" 2>&1 | tail -26
+    ;;
+  d64-ncu)   # (carry .peers/q2, right after ladder-nopp) Nsight Compute of the top rung at head_dim 64, B2 H32 S8192
+    mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
+    bash scripts/device_job.sh ncu "r${TOP}d64 rung$TOP 2x32x8192 --head-dim 64" ncu "r${TOP}d128 rung$TOP 2x16x8192"
+    ;;
+  d64-fa4)   # (carry .peers/q3, right after d64-ncu) FA4 installed; Nsight Compute of FA4 at head_dim 64, and the top
+             # rung against cuDNN and FA4 at head_dim 64 with the SM clock sampled, non-causal and causal
+    install_fa4 "FA4 not profiled"
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    bash scripts/device_job.sh ncu "fa4d64 fa4 2x32x8192 --head-dim 64" ncu "fa4d128 fa4 2x16x8192"
+    for c in "" --causal; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --head-dim 64 --rounds 3 --no-errors --clocks $c \
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64_fa4${c#--}.json" 2>&1 | tail -8
+    done
     ;;
   diag)
     shift

@@ -26,6 +26,8 @@
 * ``hint/…`` and ``hintq/…`` + ``l2hint.cuh``: the top rung's TMA loads with an L2 eviction priority (K/V
   ``evict_last`` and Q ``evict_first``; Q ``evict_first`` only): within the noise (twelfth session, rung 19's
   page, "Tried on this rung");
+* ``nopp_ladder/…``: every rung from rung 10 (the turns' rung) to the top without the turns (``nopp``), for the
+  question of a ladder whose turns come last (thirteenth session, rung 10's page, "Revisited");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
   without the K/V copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the
   row-max chain in front of the exponentials (what each part of the work costs).
@@ -73,6 +75,9 @@ __device__ __forceinline__ void mbar_wait_sleep(uint64_t* bar, uint32_t parity) 
     }
 }
 """
+
+
+PINGPONG_RUNG = 10  # the rung that brought the turns (named barriers my_turn / other_turn)
 
 
 def sleep(src: str) -> str:
@@ -230,12 +235,19 @@ def _sub(text, old, new, count=None, regex=False):
 
 
 def nopp(src: str) -> str:
-    src = _sub(src, "    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);\n", "", 1)
+    """Every ``bar.sync`` / ``bar.arrive`` of the ping-pong turns removed (rungs 10 to the top): the first
+    arrival before the loop, the syncs before each issue, the arrivals after it and the last turn's
+    conditional arrival, whether its ``if`` takes one line (rungs 10-13) or two (rungs 14 up)."""
+    first = r"\n[ \t]*if \(wg == [^\n]*\) hop::named_bar_arrive\(1, TURN_THREADS\);[^\n]*"
+    src = _sub(src, first, "", 1, regex=True)
     src = _sub(src, r"\n[ \t]*hop::named_bar_sync\(my_turn, TURN_THREADS\);", "", regex=True)
-    # the last turn's conditional arrival (an `if` over two lines) first, then the unconditional ones
-    last = r"\n[ \t]*if \(\(CONSUMER_WGS == 2 [^\n]*\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);"
+    # the last turn's conditional arrival first (on one line or, from rung 14, an `if` over two), then the others
+    last = r"\n[ \t]*if \([^\n]*(?:\n[ \t]*)?hop::named_bar_arrive\(other_turn, TURN_THREADS\);[^\n]*"
     src = _sub(src, last, "", 1, regex=True)
-    return _sub(src, r"\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);", "", regex=True)
+    src = _sub(src, r"\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);", "", regex=True)
+    if "named_bar_" in src:
+        raise SystemExit("make_variants: nopp left a named barrier in place")
+    return src
 
 
 def noload(src: str) -> str:
@@ -461,6 +473,12 @@ def main(out=".ab"):
         for fname, text in extra.items():
             (d / fname).write_text(text)
         print(f"wrote {d}/")
+    # every rung with turns, without them, in one folder (``--rungs 9,...,TOP --variant nopp=.ab/nopp_ladder``)
+    d = Path(out) / "nopp_ladder"
+    d.mkdir(parents=True, exist_ok=True)
+    for n in range(PINGPONG_RUNG, top.number + 1):
+        (d / rungs.get(n).source.name).write_text(nopp(rungs.get(n).source.read_text()))
+    print(f"wrote {d}/")
 
 
 if __name__ == "__main__":
