@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attnclimb import rungs
-from attnclimb.runtime.compiler import SERIALIZED_WGMMA, compile_source
+from attnclimb.runtime.compiler import SERIALIZED_WGMMA, compile_rung, compile_source
 from attnclimb.runtime.launch import feature_variant
 from attnclimb.runtime.sass import find_cuobjdump, sass
 
@@ -214,3 +214,24 @@ def test_top_rung_variants_build_without_spills(tmp_path, name, build):
         loads = [ln for ln in sass(c.cubin).splitlines() if "UTMALDG" in ln]
         hinted = sum("desc[" in ln for ln in loads)  # hintq: the Q tile's boxes only
         assert {"nopptop": hinted == 0, "hint": hinted == len(loads), "hintq": 0 < hinted < len(loads)}[name], loads
+
+
+@pytest.mark.parametrize("number", range(10, rungs.TOP.number + 1))
+def test_nopp_ladder_drops_every_turn_and_builds_without_spills(tmp_path, number):
+    """``nopp_ladder`` (thirteenth session): every rung from the turns' rung 10 up, without its turns. Each source
+    had named barriers and has none left, the rest of it unchanged (only lines that name a turn barrier go), and
+    it compiles for sm_90a without spills and without BAR.SYNC / BAR.ARV in its SASS where the rung has them."""
+    _load().main(str(tmp_path))
+    r = rungs.get(number)
+    src = r.source.read_text()
+    out = (tmp_path / "nopp_ladder" / r.source.name).read_text()
+    assert "named_bar_sync(my_turn" in src and "named_bar_" not in out
+    gone = [ln for ln in src.splitlines() if ln not in set(out.splitlines())]
+    assert gone and all("TURN_THREADS" in ln or re.fullmatch(r"\s*if \(.*", ln) for ln in gone), gone
+    c = compile_source(r, _inlined(tmp_path / "nopp_ladder", r.source.name))
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    if find_cuobjdump() is not None:  # the turns' barriers count both warpgroups' 256 threads: ", 0x100"
+        turns = re.compile(r"\bBAR\.(?:SYNC\.DEFER_BLOCKING|ARV) [^;]*, 0x100\b")
+        assert any(turns.search(ln) for ln in sass(compile_rung(r).cubin).splitlines())
+        assert not [ln for ln in sass(c.cubin).splitlines() if turns.search(ln)]
