@@ -39,6 +39,7 @@
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / d64-fa4   (carry .peers/q1 / q2 / q3, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
+#   bash scripts/device_calls.sh ab-sleep   (no carry, ~3 min) the top rung with its producer's waits given a suspend hint
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
@@ -199,22 +200,34 @@ case "${1:-}" in
                  # (make_variants.py nopp_ladder): the data for a ladder whose turns come last (thirteenth session)
     mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/ 2>/dev/null
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder --rounds 3 --no-errors \
+    x=(); [ -d .abx/expfirst17 ] && x=(--variant x=.abx/expfirst17)   # (carried) rung 17 + rung 19's diff, no turns
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder "${x[@]}" --rounds 3 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder_nopp.json" 2>&1 | tail -26
     ;;
   d64-ncu)   # (carry .peers/q2, right after ladder-nopp) Nsight Compute of the top rung at head_dim 64, B2 H32 S8192
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
-    bash scripts/device_job.sh ncu "r${TOP}d64 rung$TOP 2x32x8192 --head-dim 64" ncu "r${TOP}d128 rung$TOP 2x16x8192"
+    bash scripts/device_job.sh ncu "r${TOP}d64 rung$TOP 2x32x8192 --head-dim 64"
     ;;
   d64-fa4)   # (carry .peers/q3, right after d64-ncu) FA4 installed; Nsight Compute of FA4 at head_dim 64, and the top
              # rung against cuDNN and FA4 at head_dim 64 with the SM clock sampled, non-causal and causal
     install_fa4 "FA4 not profiled"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
-    bash scripts/device_job.sh ncu "fa4d64 fa4 2x32x8192 --head-dim 64" ncu "fa4d128 fa4 2x16x8192"
+    bash scripts/device_job.sh ncu "fa4d64 fa4 2x32x8192 --head-dim 64"
     for c in "" --causal; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --head-dim 64 --rounds 3 --no-errors --clocks $c \
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64_fa4${c#--}.json" 2>&1 | tail -8
     done
+    ;;
+  ab-sleep)   # (no carry, ~3 min) the top rung against `sleeptop` (its producer's waits for free slots with a
+              # suspend-time hint) at head_dim 64 (non-causal and causal) and 128 (with the error table) (thirteenth session)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    for c in "" --causal; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant sleeptop=.ab/sleeptop --head-dim 64 --rounds 3 \
+        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_sleep_d64${c#--}.json" 2>&1 | tail -5
+    done
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant sleeptop=.ab/sleeptop --rounds 3 \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_sleep.json" 2>&1 | tail -28
     ;;
   diag)
     shift

@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
            tar -C "$OUT" -czf "$OUT/timelines.tgz" timelines && rm -rf "$OUT/timelines";;  # one file back, not 3 per rung
     ncu) shift   # ncu "LABEL IMPL SHAPE [--causal]": full-set profile of the 2nd launch, per-SASS-line stall samples
          read -r lab impl shp rest <<<"$1"
-         ncu --set full --import-source no -k 'regex:attn_fwd|flash|sdpa|fmha' -s 1 -c 1 -f -o "$OUT/ncu_$lab" \
+         ncu --set full --clock-control none --import-source no -k 'regex:attn_fwd|flash|sdpa|fmha' -s 1 -c 1 -f -o "$OUT/ncu_$lab" \
            python3 scripts/profile_one.py "$impl" "$shp" $rest > "$OUT/ncu_$lab.log" 2>&1 || echo "ncu $lab: exit $?"
          ncu -i "$OUT/ncu_$lab.ncu-rep" --page details > "$OUT/ncu_$lab.txt"
          ncu -i "$OUT/ncu_$lab.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${lab}_sass.csv"

@@ -23,6 +23,9 @@
   gained on the Wan shapes only; on rung 18 both lost (seventh session, rung 18's page, "Tried on this rung");
 * ``nopptop/…``: the top rung without the ping-pong turns (``nopp``'s rewrite; twelfth session, rung 10's page,
   "Revisited": they pay at the top, most in the three-warpgroup builds);
+* ``sleeptop/…`` + ``mbar_sleep.cuh``: the top rung with ``sleep``'s producer waits (thirteenth session: at
+  head_dim 64 the producer's retry loop was 5 % of the kernel's instructions in Nsight Compute, one SMSP's
+  issue slots that its consumer warps need; FA4's producer waits with the same hint);
 * ``hint/…`` and ``hintq/…`` + ``l2hint.cuh``: the top rung's TMA loads with an L2 eviction priority (K/V
   ``evict_last`` and Q ``evict_first``; Q ``evict_first`` only): within the noise (twelfth session, rung 19's
   page, "Tried on this rung");
@@ -457,6 +460,7 @@ def main(out=".ab"):
         ("noexp", noexp, {}, top),
         ("nomax", nomax, {}, top),
         ("nopptop", nopp, {}, top),
+        ("sleeptop", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, top),
         ("hint", l2hint(True), {"l2hint.cuh": L2HINT_HEADER}, top),
         ("hintq", l2hint(False), {"l2hint.cuh": L2HINT_HEADER}, top),
         ("base17", lambda text: text, {}, measured17),
