@@ -132,6 +132,58 @@ def tree(src: str) -> str:
     return _sub(src, "    };\n    auto issue_qk", "#pragma unroll\n        " + join + "    };\n    auto issue_qk", 1)
 
 
+def treetop(src: str) -> str:
+    """The top rung's row reductions in four independent chains per row (as FA4's Hopper path does its row max),
+    joined at the end: the tile max before the vote and the row sums of both softmax loops (the path of the
+    three-warpgroup builds, head_dim 64 and the long K/V). The exponentials-first loop keeps its chains: four
+    there spill 28 B in the two-warpgroup build. Same results but for the order of the fp32 row sums
+    (thirteenth session)."""
+    src = _sub(
+        src,
+        """#pragma unroll
+        for (int j = 0; j < S_TILES; ++j) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+        }
+""",
+        """        {
+            float tm[2][4] = {{NEG_INF, NEG_INF, NEG_INF, NEG_INF}, {NEG_INF, NEG_INF, NEG_INF, NEG_INF}};
+#pragma unroll
+            for (int j = 0; j < S_TILES; ++j) {
+                tm[0][j % 4] = fmaxf(tm[0][j % 4], fmaxf(s[j][0], s[j][1]));
+                tm[1][j % 4] = fmaxf(tm[1][j % 4], fmaxf(s[j][2], s[j][3]));
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(fmaxf(tm[r][0], tm[r][1]), fmaxf(tm[r][2], tm[r][3]));
+        }
+""",
+        1,
+    )
+    join = "for (int r = 0; r < 2; ++r) row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);"
+    # both softmax loops (the fp16 slow path's and the common one) sum into four chains, joined before returning
+    src = _sub(src, "row_sum[e >> 1] += s[j][e];", "ps[e >> 1][j % 4] += s[j][e];", 2)
+    src = _sub(
+        src,
+        "#pragma unroll\n        for (int r = 0; r < 2; ++r)  // (one FFMA and ex2 of the column max's score)",
+        "        float ps[2][4] = {};  // the row sums' four chains\n"
+        "#pragma unroll\n        for (int r = 0; r < 2; ++r)  // (one FFMA and ex2 of the column max's score)",
+        1,
+    )
+    src = _sub(
+        src,
+        "            return rescale;\n",
+        "#pragma unroll\n            " + join + "\n            return rescale;\n",
+        1,
+    )
+    src = _sub(
+        src,
+        "\n        return rescale;\n    };\n",
+        "\n#pragma unroll\n        " + join + "\n        return rescale;\n    };\n",
+        1,
+    )
+    return src
+
+
 def nolfix(src: str) -> str:
     """Rung 14 as first landed (a241a2f, before the l fix): l sums the unrounded P, so a key
     that dominates its row above a kept reference weighs 2^x in l but bf16(2^x) in P·V (the rounding the
@@ -461,6 +513,7 @@ def main(out=".ab"):
         ("nomax", nomax, {}, top),
         ("nopptop", nopp, {}, top),
         ("sleeptop", sleep, {"mbar_sleep.cuh": SLEEP_HEADER}, top),
+        ("treetop", treetop, {}, top),
         ("hint", l2hint(True), {"l2hint.cuh": L2HINT_HEADER}, top),
         ("hintq", l2hint(False), {"l2hint.cuh": L2HINT_HEADER}, top),
         ("base17", lambda text: text, {}, measured17),
