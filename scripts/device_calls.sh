@@ -5,10 +5,11 @@
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the feature and fp16 variants and the top two rungs
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature and fp16 variants of the
 #                                           rung below the top
-#   bash scripts/device_calls.sh peers      carry .peers/q3:  install FA4, A/B of the top three rungs and
+#   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers)
+#   bash scripts/device_calls.sh peers      carry .peers/q4:  install FA4, A/B of the top three rungs and
 #                                           make_variants.py's variants, with FA4 in the same run, ncu of
 #                                           the top rung and FA4, the full bench
-#   bash scripts/device_calls.sh peers-bench  carry .peers/q3: install FA4 and run the full bench only (no A/B, no ncu)
+#   bash scripts/device_calls.sh peers-bench  carry .peers/q4: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-17      (no carry, ~5 min) rung 17 against s3, wgarrive, sleep (and pdb0 causal)
 #   bash scripts/device_calls.sh ab-18     (no carry, ~5 min) rung 17 against rung 18 with the SM clock and power sampled
@@ -32,17 +33,17 @@
 #                                           poly2/poly4/poly8 variants on it (a share of the exponentials on the FMA pipe,
 #                                           smx::poly_exp2) and `sleep` (FA4's producer wait), head_dim 128 and 64 (lround,
 #                                           poly4, poly8); predictions on rung 14's page
-#   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1, q2, q3 in turn: stages that FA4 part; FA4 is
-#                                           timed once q3 is in) the diagnostics noload / noexp / nomax (make_variants.py,
+#   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1-q4 in turn: stages that FA4 part; FA4 is
+#                                           timed once q4 is in) the diagnostics noload / noexp / nomax (make_variants.py,
 #                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
-#   bash scripts/device_calls.sh ladder-nopp / d64-ncu / d64-fa4   (carry .peers/q1 / q2 / q3, back to back) the ladder
+#   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
 #   bash scripts/device_calls.sh ab-sleep   (no carry, ~3 min) the top rung with its producer's waits given a suspend hint
 #   bash scripts/device_calls.sh ab-tree    (no carry, ~3 min) the top rung with its row reductions in four chains per row
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
-# FA4's wheels travel in three parts (.peers/q1-q3, each < 36 MB, since the tracked tree is 23 MB of the 64 MiB a
+# FA4's wheels travel in four parts (.peers/q1-q4, each < 29 MB, since the tracked tree is 31 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
 # Logs and results under $OUT (at most 8 files come back: the steps pack their folders).
 # AB_VARIANTS (default none; e.g. "s3=.ab/base@NUM_STAGES=3" or "lround=.ab/lround", written there by
@@ -58,10 +59,10 @@ TOP=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(rungs.TOP.numb
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
 # The top rung's source with three consumer warpgroups of 64 rows (ab-18b, ab-wg3 add the K/V tile after a comma).
 wg3=.ab/base@block_m=192,threads=512,q_box_rows=192
-# The third call's step: .peers/q3 joined to the parts already in /tmp/fa4, the split wheel put back together, all
+# The fourth call's step: .peers/q4 joined to the parts already in /tmp/fa4, the split wheel put back together, all
 # installed into /tmp/site (put on PYTHONPATH with fa4_path). Prints why when it fails; the caller goes on without FA4.
 install_fa4() {
-  cp .peers/q3/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac > "$(cat WHEEL_NAME)" &&
+  cp .peers/q4/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac cu13part.ad > "$(cat WHEEL_NAME)" &&
     rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
     echo "FA4 install failed: $1"
 }
@@ -79,6 +80,9 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $((TOP - 2)),$((TOP - 1)),$TOP --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
     ;;
+  stage)   # stage q3 (carry .peers/q3): one part of FA4's wheels into /tmp/fa4, nothing else
+    mkdir -p /tmp/fa4 && cp ".peers/${2:?stage which part, e.g. q3}"/* /tmp/fa4/ && ls /tmp/fa4
+    ;;
   sanitize-below)   # (no carry) compute-sanitizer on the feature and fp16 variants of the rung below the top
     bash scripts/device_job.sh sanitize "features $((TOP - 1))" sanitize "fp16 $((TOP - 1))"
     ;;
@@ -93,7 +97,7 @@ case "${1:-}" in
     if [ -n "${SKIP_NCU:-}" ]; then bash scripts/device_job.sh bench "--rounds 2"   # SKIP_NCU=1: the bench only
     else bash scripts/device_job.sh ncu "r$TOP rung$TOP 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"; fi
     ;;
-  peers-bench)   # (carry .peers/q3, after verify and sanitize) install FA4, then the full bench only
+  peers-bench)   # (carry .peers/q4, after verify, sanitize and stage q3) install FA4, then the full bench only
     install_fa4 "the bench runs without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     bash scripts/device_job.sh bench "--rounds ${BENCH_ROUNDS:-2}"   # BENCH_ROUNDS=3: a median of three (~1.4x the time)
@@ -209,7 +213,7 @@ case "${1:-}" in
     mkdir -p /tmp/fa4 && cp .peers/q2/* /tmp/fa4/
     bash scripts/device_job.sh ncu "r${TOP}d64 rung$TOP 2x32x8192 --head-dim 64"
     ;;
-  d64-fa4)   # (carry .peers/q3, right after d64-ncu) FA4 installed; Nsight Compute of FA4 at head_dim 64, and the top
+  d64-fa4)   # (carry .peers/q4, right after d64-ncu and stage q3) FA4 installed; Nsight Compute of FA4 at head_dim 64, and the top
              # rung against cuDNN and FA4 at head_dim 64 with the SM clock sampled, non-causal and causal
     install_fa4 "FA4 not profiled"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
@@ -243,8 +247,8 @@ case "${1:-}" in
     ;;
   diag)
     shift
-    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2; do [ -d $q ] && cp $q/* /tmp/fa4/; done
-    [ -d .peers/q3 ] && install_fa4 "the diagnostics run without it"
+    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3; do [ -d $q ] && cp $q/* /tmp/fa4/; done
+    [ -d .peers/q4 ] && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant noload=.ab/noload --variant noexp=.ab/noexp \
