@@ -235,3 +235,37 @@ def test_nopp_ladder_drops_every_turn_and_builds_without_spills(tmp_path, number
         turns = re.compile(r"\bBAR\.(?:SYNC\.DEFER_BLOCKING|ARV) [^;]*, 0x100\b")
         assert any(turns.search(ln) for ln in sass(compile_rung(r).cubin).splitlines())
         assert not [ln for ln in sass(c.cubin).splitlines() if turns.search(ln)]
+
+
+def test_sleeptop_and_treetop_rewrite_the_top_rung(tmp_path):
+    """The thirteenth session's variants of the top rung: ``sleeptop`` waits for free Q, K and V slots with a
+    suspend hint (and nothing else), ``treetop`` keeps four chains per row for the tile max and the softmax's row
+    sums (not for the exponentials-first loop) and joins them before each return."""
+    _load().main(str(tmp_path))
+    name = rungs.TOP.source.name
+    top = rungs.TOP.source.read_text()
+    sleep = (tmp_path / "sleeptop" / name).read_text()
+    assert sleep.count("mbar_wait_sleep(&bar_") == 3 and "mbar_wait_sleep(&bar_k[" not in sleep
+    assert sleep.count("hop::mbar_wait(") == top.count("hop::mbar_wait(") - 3
+    tree = (tmp_path / "treetop" / name).read_text()
+    assert tree.count("ps[e >> 1][j % 4] += s[j][e];") == 2 and "row_sum[e >> 1] += s[j][e];" not in tree
+    assert tree.count("row_sum[r] += (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);") == 2
+    assert "tm[0][j % 4] = fmaxf(tm[0][j % 4]" in tree and "tile_max[0] = fmaxf(tile_max[0]" not in tree
+    assert "row_sum[e >> 1] += lo[e];" in tree  # the exponentials-first loop as it was
+
+
+@pytest.mark.parametrize("name", ["sleeptop", "treetop"])
+@pytest.mark.parametrize("build", ["plain", "long-kv", "head_dim-64-causal", "causal-gqa-lse-strided", "fp16"])
+def test_sleeptop_and_treetop_build_without_spills(tmp_path, name, build):
+    _load().main(str(tmp_path))
+    top = rungs.TOP
+    r = {
+        "plain": top,
+        "long-kv": feature_variant(top, False, False, False, seqlen_k=top.long_kv[0]),
+        "head_dim-64-causal": feature_variant(top, True, False, False, head_dim=64),
+        "causal-gqa-lse-strided": feature_variant(top, True, True, True, True),
+        "fp16": feature_variant(top, False, False, False, fp16=True),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / name, top.source.name))
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
