@@ -203,9 +203,9 @@ case "${1:-}" in
     ;;
   ladder-nopp)   # (carry .peers/q1, ~6 min) every rung from 9 to the top against itself without the ping-pong turns
                  # (make_variants.py nopp_ladder): the data for a ladder whose turns come last (thirteenth session)
-    mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/ 2>/dev/null
+    [ -d .peers/q1 ] && mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    x=(); [ -d .abx/expfirst17 ] && x=(--variant x=.abx/expfirst17)   # (carried) rung 17 + rung 19's diff, no turns
+    x=(--variant x=benchmarks/ab/variants/rung17-x)   # rung 17 + rung 19's diff, no turns (its README)
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder "${x[@]}" --rounds 3 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder_nopp.json" 2>&1 | tail -26
     ;;

@@ -24,8 +24,10 @@
 * ``nopptop/…``: the top rung without the ping-pong turns (``nopp``'s rewrite; twelfth session, rung 10's page,
   "Revisited": they pay at the top, most in the three-warpgroup builds);
 * ``sleeptop/…`` + ``mbar_sleep.cuh``: the top rung with ``sleep``'s producer waits (thirteenth session: at
-  head_dim 64 the producer's retry loop was 5 % of the kernel's instructions in Nsight Compute, one SMSP's
-  issue slots that its consumer warps need; FA4's producer waits with the same hint);
+  head_dim 64 Nsight Compute's instrumented source view counted the producer's retry loop 25.5 M times, on an
+  SMSP whose issue slots consumer warps share; FA4's producer waits with the same hint; no gain);
+* ``treetop/…``: the top rung's tile max and softmax row sums in four chains per row (as FA4 writes its row
+  max; thirteenth session);
 * ``hint/…`` and ``hintq/…`` + ``l2hint.cuh``: the top rung's TMA loads with an L2 eviction priority (K/V
   ``evict_last`` and Q ``evict_first``; Q ``evict_first`` only): within the noise (twelfth session, rung 19's
   page, "Tried on this rung");
@@ -285,7 +287,7 @@ def poly(every: int):
 def _sub(text, old, new, count=None, regex=False):
     n = len(re.findall(old, text, flags=re.S)) if regex else text.count(old)
     if n == 0 or (count is not None and n != count):
-        raise SystemExit(f"make_variants: expected {count or 'some'} of {old!r} in the top rung, found {n}")
+        raise SystemExit(f"make_variants: expected {count or 'some'} of {old!r} in the source, found {n}")
     return re.sub(old, new, text, flags=re.S) if regex else text.replace(old, new)
 
 

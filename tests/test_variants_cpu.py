@@ -4,6 +4,7 @@ recognises fails here (not on the GPU), and each variant compiles for sm_90a wit
 
 import importlib.util
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -219,22 +220,33 @@ def test_top_rung_variants_build_without_spills(tmp_path, name, build):
 @pytest.mark.parametrize("number", range(10, rungs.TOP.number + 1))
 def test_nopp_ladder_drops_every_turn_and_builds_without_spills(tmp_path, number):
     """``nopp_ladder`` (thirteenth session): every rung from the turns' rung 10 up, without its turns. Each source
-    had named barriers and has none left, the rest of it unchanged (only lines that name a turn barrier go), and
-    it compiles for sm_90a without spills and without BAR.SYNC / BAR.ARV in its SASS where the rung has them."""
+    had named barriers and has none left; the lines that go are the turn lines alone, counted with their repeats (an
+    ``if`` line only as the head of a two-line conditional arrival); each build (and the long-K/V tiles where the
+    rung has them) compiles for sm_90a without spills or serialized wgmmas, and without the turns' 256-thread
+    BAR.SYNC / BAR.ARV in its SASS where the rung's has them."""
     _load().main(str(tmp_path))
     r = rungs.get(number)
     src = r.source.read_text()
     out = (tmp_path / "nopp_ladder" / r.source.name).read_text()
     assert "named_bar_sync(my_turn" in src and "named_bar_" not in out
-    gone = [ln for ln in src.splitlines() if ln not in set(out.splitlines())]
-    assert gone and all("TURN_THREADS" in ln or re.fullmatch(r"\s*if \(.*", ln) for ln in gone), gone
-    c = compile_source(r, _inlined(tmp_path / "nopp_ladder", r.source.name))
-    for res in c.resources:
-        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
-    if find_cuobjdump() is not None:  # the turns' barriers count both warpgroups' 256 threads: ", 0x100"
-        turns = re.compile(r"\bBAR\.(?:SYNC\.DEFER_BLOCKING|ARV) [^;]*, 0x100\b")
-        assert any(turns.search(ln) for ln in sass(compile_rung(r).cubin).splitlines())
-        assert not [ln for ln in sass(c.cubin).splitlines() if turns.search(ln)]
+    gone = Counter(src.splitlines()) - Counter(out.splitlines())
+    lines = src.splitlines()
+    for ln in gone:
+        if "TURN_THREADS" in ln:
+            continue
+        heads = [k for k, x in enumerate(lines) if x == ln]
+        assert re.fullmatch(r"\s*if \(.*", ln) and all("named_bar_arrive(other_turn" in lines[k + 1] for k in heads), ln
+    assert sum(gone.values()) == len(src.splitlines()) - len(out.splitlines())
+    builds = [r] + ([feature_variant(r, False, False, False, seqlen_k=r.long_kv[0])] if r.long_kv else [])
+    turns = re.compile(r"\bBAR\.(?:SYNC\.DEFER_BLOCKING|ARV) [^;]*, 0x100\b")  # both warpgroups' 256 threads
+    for b in builds:
+        c = compile_source(b, _inlined(tmp_path / "nopp_ladder", r.source.name))
+        for res in c.resources:
+            assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert SERIALIZED_WGMMA not in c.log, c.log
+        if find_cuobjdump() is not None and b is r:
+            assert any(turns.search(ln) for ln in sass(compile_rung(r).cubin).splitlines())
+            assert not [ln for ln in sass(c.cubin).splitlines() if turns.search(ln)]
 
 
 def test_sleeptop_and_treetop_rewrite_the_top_rung(tmp_path):
