@@ -40,8 +40,9 @@
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
-#   bash scripts/device_calls.sh ab-sleep   (no carry, ~3 min) the top rung with its producer's waits given a suspend hint
-#   bash scripts/device_calls.sh ab-tree    (no carry, ~3 min) the top rung with its row reductions in four chains per row
+#   bash scripts/device_calls.sh ab-top V  (no carry, ~3 min) the top rung against make_variants.py's variant V of it
+#                                           (sleeptop: the producer's waits with a suspend hint; treetop: row reductions
+#                                           in four chains per row), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
 # FA4's wheels travel in four parts (.peers/q1-q4, each < 29 MB, since the tracked tree is 31 MB of the 64 MiB a
 # call may carry); scripts/split_peers.sh makes them from ../shared/tools/fa4-wheels.sh's .peers/p1 and p2.
@@ -223,27 +224,19 @@ case "${1:-}" in
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64_fa4${c#--}.json" 2>&1 | tail -8
     done
     ;;
-  ab-sleep)   # (no carry, ~3 min) the top rung against `sleeptop` (its producer's waits for free slots with a
-              # suspend-time hint) at head_dim 64 (non-causal and causal) and 128 (with the error table) (thirteenth session)
+  ab-top)   # ab-top VARIANT (no carry, ~3 min): the top rung against make_variants.py's VARIANT of it (thirteenth session:
+            # sleeptop, its producer's slot waits with a suspend hint; treetop, its tile max and softmax row sums in four
+            # chains per row) at head_dim 64 (non-causal and causal) and 128 (with the error table)
+    v=${2:?ab-top which variant, e.g. treetop}
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    [ -d ".ab/$v" ] || { echo "ab-top: make_variants.py wrote no variant $v"; exit 2; }
     for c in "" --causal; do
-      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant sleeptop=.ab/sleeptop --head-dim 64 --rounds 3 \
-        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_sleep_d64${c#--}.json" 2>&1 | tail -5
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --head-dim 64 --rounds 3 \
+        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_${v}_d64${c#--}.json" 2>&1 | tail -5
     done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant sleeptop=.ab/sleeptop --rounds 3 \
-      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_sleep.json" 2>&1 | tail -28
-    ;;
-  ab-tree)   # (no carry, ~3 min) the top rung against `treetop` (its tile max and softmax row sums in four chains per
-             # row) at head_dim 64 (non-causal and causal) and 128 (with the error table) (thirteenth session)
-    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    for c in "" --causal; do
-      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant treetop=.ab/treetop --head-dim 64 --rounds 3 \
-        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_tree_d64${c#--}.json" 2>&1 | tail -5
-    done
-    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant treetop=.ab/treetop --rounds 3 \
-      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_tree.json" 2>&1 | tail -28
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --rounds 3 \
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -28
     ;;
   diag)
     shift
