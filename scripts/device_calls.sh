@@ -191,7 +191,7 @@ case "${1:-}" in
              # d64 two consumer warpgroups (128 x 128, so P double-buffered and exponentials first; 3 stages; 128 x 176)
              # and three with 64-key tiles and two P buffers; d256 80-key tiles; non-causal and causal
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
-    mkdir -p .ab/base && cp attnclimb/kernels/$(basename "$(ls attnclimb/kernels/${TOP}_*.cu)") .ab/base/
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1   # .ab/base: the top rung's source
     b=.ab/base; w2=block_m=128,threads=384,q_box_rows=128
     vs=(--variant "wg2=$b@$w2" --variant "wg2s3=$b@$w2,NUM_STAGES=3" --variant "wg2n176=$b@$w2,block_n=176,kv_box_rows=176"
       --variant "wg3n64pdb=$b@block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
