@@ -37,6 +37,7 @@
 #                                           timed once q4 is in) the diagnostics noload / noexp / nomax (make_variants.py,
 #                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
+#   bash scripts/device_calls.sh ab-swap    (no carry, ~5 min) rungs 17-19 and rung 17 + rung 19's diff (turns kept): the 18/19 order
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -237,6 +238,14 @@ case "${1:-}" in
     done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -28
+    ;;
+  ab-swap)   # (no carry, ~5 min; fifteenth session) rung 19's idea below rung 18's: rungs 17, 18, 19 and `xt` (rung 17 +
+             # rung 19's diff, turns kept: benchmarks/ab/variants/rung17-xt), 5 rounds with the error table; causal 3 rounds
+    x=(--variant xt=benchmarks/ab/variants/rung17-xt)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --rounds 5 \
+      --shapes 4x16x4096,2x16x8192,1x16x16384,16x16x1024,1x12x32760 --out "$OUT/ab_swap.json" 2>&1 | tail -22
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --causal --rounds 3 --no-errors \
+      --shapes 4x16x4096,1x16x16384 --out "$OUT/ab_swap_causal.json" 2>&1 | tail -5
     ;;
   diag)
     shift
