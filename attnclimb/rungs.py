@@ -256,17 +256,18 @@ _P_DOUBLE_BUFFER = replace(
     kv_box_rows=128,
 )
 
-# Rung 17's kernel with O staged in shared memory (stmatrix) and stored as whole 16-byte chunks per lane: the
+# Rung 18's kernel with O staged in shared memory (stmatrix) and stored as whole 16-byte chunks per lane: the
 # same tiles, features and head_dims; a BLOCK_M x head_dim staging tile where it fits (head_dim <= 128: 32 KB
-# at 128, 197 632 B in all; head_dim 256 keeps rung 17's stores and layout, so its build has no STSM, which is
+# at 128, 197 632 B in all; head_dim 256 keeps rung 18's stores and layout, so its build has no STSM, which is
 # why STSM is not in sass_required: tests/test_build_cpu.py counts it in the plain kernel). 34 816 B of the
 # 227 KB are left at head_dim 128: 176-key tiles or 3 stages no longer fit there. Its long-K/V tiles start at
-# 6 144 keys, not 32 000 (a launch retune, seventh session): over its two-warpgroup 128 x 128 tiles the
+# 6 144 keys, not 32 000 (a launch retune, seventh session, measured on the kernel that was rung 18 then: rung 17 +
+# this epilogue): over its two-warpgroup 128 x 128 tiles the
 # three-warpgroup 192 x 80 tiles measured -1.6 / -1.7 % at 4k, +4.0 % at 6k, +2.0 / +2.0 % at 8k, +3.0 / +3.4 %
-# at 16k and +5.5 % at B2 H32 8k (benchmarks/ab/ab-18b-*.json, ab-wg3-*.json; rung 18's page).
+# at 16k and +5.5 % at B2 H32 8k (benchmarks/ab/ab-18b-*.json, ab-wg3-*.json; rung 19's page).
 _SMEM_EPILOGUE = replace(
     _P_DOUBLE_BUFFER,
-    number=18,
+    number=19,
     name="smem_epilogue",
     idea="the epilogue through shared memory: O staged with stmatrix, stored in whole 128-byte lines",
     smem_layout="tma_ring_staged_o",
@@ -459,17 +460,20 @@ RUNGS: tuple[Rung, ...] = (
         name="uniform_warp",
         idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
     ),
-    _SMEM_EPILOGUE,
-    # Rung 18's kernel with the kept-reference path computing P first and voting on its largest P afterwards
-    # (EXP_FIRST, the two-consumer-warpgroup builds; the three-warpgroup ones are rung 18's). Rung 18's launch in
-    # every respect.
+    # Rung 17's kernel with the kept-reference path computing P first and voting on its largest P afterwards
+    # (EXP_FIRST, the builds with two P buffers: two consumer warpgroups; the three-warpgroup ones are rung 17's).
+    # Rung 17's launch in every respect. Fifteenth session: this idea was rung 19, above the staged epilogue, where
+    # 8k and 16k take three-warpgroup tiles and so rung 18's machine code; here it applies at 1k-16k
+    # (benchmarks/ab/ab-swap-e26351a-h100.json; rung 18's page).
     replace(
-        _SMEM_EPILOGUE,
-        number=19,
+        _P_DOUBLE_BUFFER,
+        number=18,
         name="exp_first",
         idea="kept references compute P first and vote on the largest P after: no row-max loop before the exponentials",
     ),
+    _SMEM_EPILOGUE,
 )
+
 
 BY_NUMBER = {r.number: r for r in RUNGS}
 TOP = RUNGS[-1]

@@ -12,6 +12,7 @@
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q4: install FA4 and run the full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-17      (no carry, ~5 min) rung 17 against s3, wgarrive, sleep (and pdb0 causal)
+# (ab-18, ab-18b, ab-wg3: the staged epilogue's rung, 18 when they ran, 19 since the fifteenth session's re-cut)
 #   bash scripts/device_calls.sh ab-18     (no carry, ~5 min) rung 17 against rung 18 with the SM clock and power sampled
 #                                           (why rung 18 gains +3 % where its epilogue is 1 % of the time: rung 18's page),
 #                                           and rung 18 against wgarrive18 and vfirst18 (make_variants.VARIANTS_OF_18), causal too
@@ -124,11 +125,11 @@ case "${1:-}" in
   ab-18)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     sh=16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18 --clocks --rounds 3 --no-errors --shapes 16x16x1024,1x16x16384,1x40x75600x512 \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18,19 --clocks --rounds 3 --no-errors --shapes 16x16x1024,1x16x16384,1x40x75600x512 \
       --out "$OUT/ab_18_clocks.json" 2>&1 | tail -6
     vs=(--variant wgarrive18=.ab/wgarrive18 --variant vfirst18=.ab/vfirst18)
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --shapes $sh --out "$OUT/ab_18.json" 2>&1 | tail -10
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --causal --rounds 3 --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]}" --rounds 3 --shapes $sh --out "$OUT/ab_18.json" 2>&1 | tail -10
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]}" --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18_causal.json" 2>&1 | tail -6
     ;;
   ab-18b)   # (no carry, ~6 min) rung 18 against wgarrive18, vfirst18 and its three-warpgroup long-K/V tiles (192-row,
@@ -136,18 +137,18 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant wgarrive18=.ab/wgarrive18 --variant vfirst18=.ab/vfirst18
       --variant "wg3n80=$wg3,block_n=80,kv_box_rows=80" --variant "wg3n64=$wg3,block_n=64,kv_box_rows=64")
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 3 --clocks \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]}" --rounds 3 --clocks \
       --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600x512 --out "$OUT/ab_18b.json" 2>&1 | tail -12
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]:0:2}" --causal --rounds 3 --no-errors \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_18b_causal.json" 2>&1 | tail -6
     ;;
   ab-wg3)   # (no carry, ~3 min) the three-warpgroup tiles from 4k keys: rung 18 against 192 x 80 and 192 x 64 with two
             # P buffers, non-causal (4 rounds, 4k-16k) and causal (192 x 80; 4k-16k) (seventh session)
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant "wg3n80=$wg3,block_n=80,kv_box_rows=80" --variant "wg3n64pdb=$wg3,block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]}" --rounds 4 --clocks --no-errors \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]}" --rounds 4 --clocks --no-errors \
       --shapes 4x16x4096,3x16x6144,2x16x8192,1x16x16384,2x32x8192 --out "$OUT/ab_wg3.json" 2>&1 | tail -14
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 18 "${vs[@]:0:2}" --causal --rounds 3 \
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 19 "${vs[@]:0:2}" --causal --rounds 3 \
       --shapes 4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_wg3_causal.json" 2>&1 | tail -6
     ;;
   ab-l2)

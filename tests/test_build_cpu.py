@@ -495,23 +495,23 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
 
 
 def _exp_first_cases():
-    """Rungs 18 and 19's builds with two P buffers (rung 19's idea on) and their three-warpgroup long-K/V build (one
-    P buffer: rung 19 keeps rung 18's code there)."""
+    """Rungs 17, 18 and 19's builds with two P buffers (rung 18's idea on from rung 18) and their three-warpgroup
+    long-K/V builds (one P buffer: rungs 18 and 19 keep rung 17's softmax there)."""
     cases = []
-    for n in (18, 19):
+    for n in (17, 18, 19):
         double, single = _p_buffer_builds(n)
         single = [(k, r) for k, r in single if k.endswith("-long-kv")]
-        cases += [(k, r, n == 19) for k, r in double] + [(k, r, False) for k, r in single]
+        cases += [(k, r, n >= 18) for k, r in double] + [(k, r, False) for k, r in single]
     return cases
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 @pytest.mark.parametrize("case", _exp_first_cases(), ids=lambda c: c[0])
-def test_rung19_votes_after_the_exponentials(case):
-    """Rung 19's idea in the machine code: in every steady-loop window between the wait for S and the wait for
+def test_rung18_votes_after_the_exponentials(case):
+    """Rung 18's idea in the machine code (and rung 19's, which keeps it): in every steady-loop window between the wait for S and the wait for
     P·V, its builds with two P buffers issue the first MUFU.EX2 before the kept-reference vote (VOTE.ALL) and hold
     two packs of P (the speculative one and the full path's; an fp16 build also rounds the l fix's P, two per
-    path). Rung 18, and rung 19's three-warpgroup build, vote before the first exponential (the row-max loop
+    path). Rung 17, and the three-warpgroup builds of rungs 18 and 19, vote before the first exponential (the row-max loop
     ahead of them)."""
     _, r, first = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
@@ -640,9 +640,9 @@ def test_rung17_s_group_counts_match_its_figure(compiled):
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung18_epilogue_counts_match_its_figure(compiled):
-    """Rung 18's figure quotes the epilogue's memory instructions per thread (figures/late.py EPILOGUE_SASS): rung
-    17 stores O as 32 four-byte STG.E and nothing wider; rung 18 stages it with 8 stmatrix.x4 and stores it as 8
+def test_rung19_epilogue_counts_match_its_figure(compiled):
+    """Rung 19's figure quotes the epilogue's memory instructions per thread (figures/late.py EPILOGUE_SASS): rung
+    18 stores O as 32 four-byte STG.E and nothing wider; rung 19 stages it with 8 stmatrix.x4 and stores it as 8
     STG.E.128 (its 4-byte fallback for unaligned O is a second copy of the row loop: 32 STG.E, and the row loads
     appear once per copy)."""
     from collections import Counter
@@ -655,11 +655,11 @@ def test_rung18_epilogue_counts_match_its_figure(compiled):
             for ln in sass(compiled[rungs.get(n).key].cubin).splitlines()
             if (m := _INSN.match(ln))
         )
-        for n in (17, 18)
+        for n in (18, 19)
     }
-    assert ops[17]["STG.E"] == EPILOGUE_SASS[17]["STG.E"] and not ops[17]["STG.E.128"] and not ops[17]["STSM.16.M88.4"]
-    want = EPILOGUE_SASS[18]
-    assert ops[18]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[18]
-    assert ops[18]["STG.E.128"] == want["STG.E.128"], ops[18]
-    assert ops[18]["LDS.128"] >= want["LDS.128"], ops[18]
-    assert ops[18]["STG.E"] == EPILOGUE_SASS[17]["STG.E"], ops[18]  # the fallback copy only
+    assert ops[18]["STG.E"] == EPILOGUE_SASS[18]["STG.E"] and not ops[18]["STG.E.128"] and not ops[18]["STSM.16.M88.4"]
+    want = EPILOGUE_SASS[19]
+    assert ops[19]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[19]
+    assert ops[19]["STG.E.128"] == want["STG.E.128"], ops[19]
+    assert ops[19]["LDS.128"] >= want["LDS.128"], ops[19]
+    assert ops[19]["STG.E"] == EPILOGUE_SASS[18]["STG.E"], ops[19]  # the fallback copy only

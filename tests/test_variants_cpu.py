@@ -160,14 +160,15 @@ def test_wgarrive_compiles_without_spills(tmp_path, head_dim):
 
 @pytest.mark.parametrize(("name", "head_dim"), [("wgarrive18", 128), ("vfirst18", 128), ("vfirst18", 64)])
 def test_rung18_variants_rewrite_it_and_compile_without_spills(tmp_path, name, head_dim):
-    """The rung-18 copies of wgarrive and vfirst (make_variants.VARIANTS_OF_18, for the next A/B): each differs
-    from rung 18's source as its rung-17 copy differs from rung 17's, and builds without spills or serialised
+    """The copies of wgarrive and vfirst on the staged epilogue's rung (make_variants.VARIANTS_OF_18: rung 18 when
+    they were measured, rung 19 since the fifteenth session's re-cut): each differs from that rung's source as its
+    rung-17 copy differs from rung 17's, and builds without spills or serialised
     wgmmas with two (head_dim 128) and, for vfirst, three (head_dim 64) consumer warpgroups. wgarrive on rung 18
     spills 8 bytes at head_dim 64 (160 registers; NVRTC 13.0), so its A/B (`device_calls.sh ab-18`) is head_dim
     128 only (its long-K/V three-warpgroup build does not spill)."""
     mod = _load()
     mod.main(str(tmp_path))
-    r18, r17 = rungs.get(18), rungs.get(17)
+    r18, r17 = rungs.get(mod.VARIANTS_OF_18), rungs.get(17)
     var = (tmp_path / name / r18.source.name).read_text()
     fn = getattr(mod, name.removesuffix("18"))
     assert var == fn(r18.source.read_text()) != r18.source.read_text()

@@ -1616,21 +1616,112 @@ def rung17_path(path):
 
 # ------------------------------------------------------------------------------------------------ rung 18
 
+# Static issue cycles (the stall counts in the SASS control bits, NVRTC 13.0, sm_90a, plain head_dim-128 kernel)
+# along the kept-reference path of one K/V tile's softmax, from the S wait to the P·V wait, at the K/V loop's
+# second step: the 4-bit stall field (bits 41-44 of each instruction's second word in `cuobjdump -sass`) summed
+# along that path, taken branches followed (eighth session, by hand; the page says how), on the kernels numbered
+# 18 and 19 until the fifteenth session: rungs 17 and 18 with rung 19's staged epilogue, the same softmax code.
+SOFTMAX_PATH_CYCLES = {
+    17: (("row-max loop (64 FMNMX), vote", 169), ("exponentials, l, pack, anchor", 578)),
+    18: (("exponentials, l, P max, pack", 548), ("vote, l fix", 56), ("pack fold, anchor", 72)),
+}
+# Rung 17 with rung 19's epilogue (the ladder's rung 18 until the fifteenth session) at 4k (B4 H16 S4096), Nsight
+# Compute's source view (seventh session, 85de7ef, SM clock locked at
+# 1.33 GHz): the warp-state samples of the consumer warps in the two steps of the unrolled K/V loop, by phase
+# (benchmarks/ab/ncu_rung18_4k_phases_85de7ef.txt).
+NCU_R18_4K_PHASES = (
+    ("K wait", 3422),
+    ("turn", 2732),
+    ("S issue", 6395),
+    ("V wait", 2862),
+    ("P·V issue", 7769),
+    ("S wait", 3664),
+    ("row max, vote", 10793),
+    ("exponentials, pack", 27629),
+    ("P·V wait", 935),
+)
+
+
+def rung18_path(path):
+    import matplotlib.pyplot as plt
+
+    colours = {
+        "row-max loop (64 FMNMX), vote": tint(VERMILLION, 0.45),
+        "exponentials, l, pack, anchor": tint(GREEN, 0.4),
+        "exponentials, l, P max, pack": tint(GREEN, 0.4),
+        "vote, l fix": tint(VERMILLION, 0.3),
+        "pack fold, anchor": tint(SKY, 0.4),
+    }
+    fig, ax = plt.subplots(figsize=(8.6, 2.2))
+    for yi, n in enumerate((17, 18)):
+        left = 0
+        for text, cyc in SOFTMAX_PATH_CYCLES[n]:
+            ax.barh(yi, cyc, left=left, color=colours[text], edgecolor="white", height=0.6)
+            ax.text(left + cyc / 2, yi, f"{text}\n{cyc}", ha="center", va="center", fontsize=6.5)
+            left += cyc
+        ax.text(left + 8, yi, f"{left} cycles", va="center", fontsize=7)
+    ax.set_yticks([0, 1], ["rung 17", "rung 18"], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 880)
+    ax.set_xlabel(
+        "static issue cycles from the S wait to the P·V wait, kept references (SASS stall counts, NVRTC 13.0)",
+        fontsize=7.5,
+    )
+    ax.set_title(
+        "One K/V tile's softmax: rung 17 finds each row's column max before the first exponential, rung 18 after",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+def rung18_samples(path):
+    import matplotlib.pyplot as plt
+
+    total = sum(k for _, k in NCU_R18_4K_PHASES)
+    fig, ax = plt.subplots(figsize=(8.6, 1.9))
+    left = 0
+    for text, k in NCU_R18_4K_PHASES:
+        share = 100 * k / total
+        hot = text == "row max, vote"
+        colour = tint(VERMILLION, 0.45) if hot else tint(GREEN if "exponentials" in text else SKY, 0.35)
+        ax.barh(0, share, left=left, color=colour, edgecolor="white", height=0.6)
+        if share > 4:
+            ax.text(left + share / 2, 0, f"{text}\n{share:.0f} %", ha="center", va="center", fontsize=6.3)
+        left += share
+    ax.set_yticks([0], ["rung 17 + staged O, 4k"], fontsize=8)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(
+        "share of a consumer warp's warp-state samples per K/V tile (Nsight Compute source view, 1.33 GHz)",
+        fontsize=7.5,
+    )
+    ax.set_title(
+        "Where a consumer warp below this idea spends a K/V tile: the row-max loop sits between S and the exponentials",
+        loc="left",
+        fontsize=8.5,
+    )
+    ax.tick_params(labelsize=7)
+    save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ rung 19
+
 # The epilogue's memory instructions per consumer thread in the plain head_dim-128 kernels (the 16-byte path of
-# rung 18; its 4-byte fallback for unaligned O is a second copy of the row loop), NVRTC 13.0, sm_90a, from
+# rung 19; its 4-byte fallback for unaligned O is a second copy of the row loop), NVRTC 13.0, sm_90a, from
 # `cuobjdump -sass`; tests/test_build_cpu.py recounts them where cuobjdump is installed.
-EPILOGUE_SASS = {17: {"STG.E": 32}, 18: {"STSM.16.M88.4": 8, "LDS.128": 8, "STG.E.128": 8}}
+EPILOGUE_SASS = {18: {"STG.E": 32}, 19: {"STSM.16.M88.4": 8, "LDS.128": 8, "STG.E.128": 8}}
 LINE_BYTES = 128
 
 
 def _epilogue_lines(n: int) -> int:
     """128-byte lines a warp's epilogue stores touch, summed over its store instructions (head_dim 128)."""
-    if n == 17:  # a warp's 4-byte store covers 8 rows x 16 bytes: 8 lines
-        return EPILOGUE_SASS[17]["STG.E"] * 8
-    return EPILOGUE_SASS[18]["STG.E.128"] * 32 * 16 // LINE_BYTES  # 32 lanes x 16 contiguous bytes
+    if n == 18:  # a warp's 4-byte store covers 8 rows x 16 bytes: 8 lines
+        return EPILOGUE_SASS[18]["STG.E"] * 8
+    return EPILOGUE_SASS[19]["STG.E.128"] * 32 * 16 // LINE_BYTES  # 32 lanes x 16 contiguous bytes
 
 
-def rung18_count(path):
+def rung19_count(path):
     import matplotlib.pyplot as plt
 
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.6, 2.2), gridspec_kw={"width_ratios": [1.3, 1]})
@@ -1640,7 +1731,7 @@ def rung18_count(path):
         ("LDS.128", "LDS.128", tint(SKY, 0.45)),
         ("STG.E.128 (16 B)", "STG.E.128", tint(GREEN, 0.45)),
     ]
-    for yi, n in enumerate((17, 18)):
+    for yi, n in enumerate((18, 19)):
         left = 0
         for text, op, colour in kinds:
             k = EPILOGUE_SASS[n].get(op, 0)
@@ -1649,10 +1740,10 @@ def rung18_count(path):
                 a0.text(left + k / 2, yi, str(k), ha="center", va="center", fontsize=7)
             left += k
         lines = _epilogue_lines(n)
-        a1.barh(yi, lines, color=tint(VERMILLION if n == 17 else GREEN, 0.45), edgecolor="white", height=0.6)
+        a1.barh(yi, lines, color=tint(VERMILLION if n == 18 else GREEN, 0.45), edgecolor="white", height=0.6)
         a1.text(lines + 4, yi, str(lines), va="center", fontsize=7)
     for ax in (a0, a1):
-        ax.set_yticks([0, 1], ["rung 17", "rung 18"], fontsize=8)
+        ax.set_yticks([0, 1], ["rung 18", "rung 19"], fontsize=8)
         ax.invert_yaxis()
         ax.tick_params(labelsize=7)
     a0.set_xlim(0, 60)
@@ -1661,8 +1752,8 @@ def rung18_count(path):
     a1.set_xlim(0, 300)
     a1.set_xlabel("128-byte lines its stores touch, per warp and work tile", fontsize=7.5)
     fig.suptitle(
-        "Storing a warp's 16 rows of O: 32 scattered 4-byte stores (rung 17) against stmatrix, a row read and "
-        "16-byte stores (rung 18)",
+        "Storing a warp's 16 rows of O: 32 scattered 4-byte stores (rung 18) against stmatrix, a row read and "
+        "16-byte stores (rung 19)",
         x=0.01,
         ha="left",
         fontsize=8.5,
@@ -1670,12 +1761,12 @@ def rung18_count(path):
     save(fig, path)
 
 
-def rung18_rows(path):
+def rung19_rows(path):
     fig, ax = new_figure(8.6, 3.1)
     chunks, rows, cw, ch = 16, 16, 0.2, 0.12
     panels = [
-        (0.3, "rung 17: one STG.E of a warp (8 lanes x 4 B per row)", lambda r, c: r < 8 and c == 0, VERMILLION),
-        (4.6, "rung 18: one STG.E.128 of a warp (16 lanes x 16 B per row)", lambda r, c: r < 2, GREEN),
+        (0.3, "rung 18: one STG.E of a warp (8 lanes x 4 B per row)", lambda r, c: r < 8 and c == 0, VERMILLION),
+        (4.6, "rung 19: one STG.E.128 of a warp (16 lanes x 16 B per row)", lambda r, c: r < 2, GREEN),
     ]
     for x0, text, hit, colour in panels:
         label(ax, x0, 2.78, text, size=7.2, ha="left")
@@ -1698,102 +1789,13 @@ def rung18_rows(path):
         ax,
         0.3,
         0.18,
-        "Rung 17's store touches 8 lines and half of each 32-byte sector it writes; 32 of them per thread. Rung 18 "
+        "Rung 18's store touches 8 lines and half of each 32-byte sector it writes; 32 of them per thread. Rung 19 "
         "first puts the rows into shared memory\nwith stmatrix (the accumulator's n8 tiles are its 8 x 8 "
         "fragments), then each store writes two whole rows: four full lines, 8 per thread.",
         size=6.6,
         ha="left",
         va="center",
     )
-    save(fig, path)
-
-
-# ------------------------------------------------------------------------------------------------ rung 19
-
-# Static issue cycles (the stall counts in the SASS control bits, NVRTC 13.0, sm_90a, plain head_dim-128 kernel)
-# along the kept-reference path of one K/V tile's softmax, from the S wait to the P·V wait, at the K/V loop's
-# second step: the 4-bit stall field (bits 41-44 of each instruction's second word in `cuobjdump -sass`) summed
-# along that path, taken branches followed (eighth session, by hand; the page says how).
-SOFTMAX_PATH_CYCLES = {
-    18: (("row-max loop (64 FMNMX), vote", 169), ("exponentials, l, pack, anchor", 578)),
-    19: (("exponentials, l, P max, pack", 548), ("vote, l fix", 56), ("pack fold, anchor", 72)),
-}
-# Rung 18 at 4k (B4 H16 S4096), Nsight Compute's source view (seventh session, 85de7ef, SM clock locked at
-# 1.33 GHz): the warp-state samples of the consumer warps in the two steps of the unrolled K/V loop, by phase
-# (benchmarks/ab/ncu_rung18_4k_phases_85de7ef.txt).
-NCU_R18_4K_PHASES = (
-    ("K wait", 3422),
-    ("turn", 2732),
-    ("S issue", 6395),
-    ("V wait", 2862),
-    ("P·V issue", 7769),
-    ("S wait", 3664),
-    ("row max, vote", 10793),
-    ("exponentials, pack", 27629),
-    ("P·V wait", 935),
-)
-
-
-def rung19_path(path):
-    import matplotlib.pyplot as plt
-
-    colours = {
-        "row-max loop (64 FMNMX), vote": tint(VERMILLION, 0.45),
-        "exponentials, l, pack, anchor": tint(GREEN, 0.4),
-        "exponentials, l, P max, pack": tint(GREEN, 0.4),
-        "vote, l fix": tint(VERMILLION, 0.3),
-        "pack fold, anchor": tint(SKY, 0.4),
-    }
-    fig, ax = plt.subplots(figsize=(8.6, 2.2))
-    for yi, n in enumerate((18, 19)):
-        left = 0
-        for text, cyc in SOFTMAX_PATH_CYCLES[n]:
-            ax.barh(yi, cyc, left=left, color=colours[text], edgecolor="white", height=0.6)
-            ax.text(left + cyc / 2, yi, f"{text}\n{cyc}", ha="center", va="center", fontsize=6.5)
-            left += cyc
-        ax.text(left + 8, yi, f"{left} cycles", va="center", fontsize=7)
-    ax.set_yticks([0, 1], ["rung 18", "rung 19"], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 880)
-    ax.set_xlabel(
-        "static issue cycles from the S wait to the P·V wait, kept references (SASS stall counts, NVRTC 13.0)",
-        fontsize=7.5,
-    )
-    ax.set_title(
-        "One K/V tile's softmax: rung 18 finds each row's column max before the first exponential, rung 19 after",
-        loc="left",
-        fontsize=8.5,
-    )
-    ax.tick_params(labelsize=7)
-    save(fig, path)
-
-
-def rung19_samples(path):
-    import matplotlib.pyplot as plt
-
-    total = sum(k for _, k in NCU_R18_4K_PHASES)
-    fig, ax = plt.subplots(figsize=(8.6, 1.9))
-    left = 0
-    for text, k in NCU_R18_4K_PHASES:
-        share = 100 * k / total
-        hot = text == "row max, vote"
-        colour = tint(VERMILLION, 0.45) if hot else tint(GREEN if "exponentials" in text else SKY, 0.35)
-        ax.barh(0, share, left=left, color=colour, edgecolor="white", height=0.6)
-        if share > 4:
-            ax.text(left + share / 2, 0, f"{text}\n{share:.0f} %", ha="center", va="center", fontsize=6.3)
-        left += share
-    ax.set_yticks([0], ["rung 18, 4k"], fontsize=8)
-    ax.set_xlim(0, 100)
-    ax.set_xlabel(
-        "share of a consumer warp's warp-state samples per K/V tile (Nsight Compute source view, 1.33 GHz)",
-        fontsize=7.5,
-    )
-    ax.set_title(
-        "Where a consumer warp of rung 18 spends a K/V tile: the row-max loop sits between S and the exponentials",
-        loc="left",
-        fontsize=8.5,
-    )
-    ax.tick_params(labelsize=7)
     save(fig, path)
 
 
@@ -1910,30 +1912,30 @@ FIGURES = [
     ),
     (
         18,
-        "rows",
-        rung18_rows,
-        "What one store instruction of a warp writes: in rung 17 16 bytes of 8 rows (8 lines), in rung 18 two "
-        "whole rows (4 full lines), after the rows were staged in shared memory.",
-    ),
-    (
-        18,
-        "count",
-        rung18_count,
-        "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 17 "
-        "against rung 18 (head_dim 128, SASS of NVRTC 13.0).",
-    ),
-    (
-        19,
         "path",
-        rung19_path,
-        "Static issue cycles of one K/V tile's softmax on the kept-reference path, rung 18 against rung 19: the "
+        rung18_path,
+        "Static issue cycles of one K/V tile's softmax on the kept-reference path, rung 17 against rung 18: the "
         "row-max loop before the exponentials against the largest P kept beside them (SASS of NVRTC 13.0).",
     ),
     (
-        19,
+        18,
         "samples",
-        rung19_samples,
-        "Rung 18 at 4k in Nsight Compute's source view: a consumer warp's samples per K/V tile by phase; the row-max "
-        "loop and vote take a sixth, on the path from S to P.",
+        rung18_samples,
+        "Rung 17 (with rung 19's staged epilogue) at 4k in Nsight Compute's source view: a consumer warp's samples "
+        "per K/V tile by phase; the row-max loop and vote take a sixth, on the path from S to P.",
+    ),
+    (
+        19,
+        "rows",
+        rung19_rows,
+        "What one store instruction of a warp writes: in rung 18 16 bytes of 8 rows (8 lines), in rung 19 two "
+        "whole rows (4 full lines), after the rows were staged in shared memory.",
+    ),
+    (
+        19,
+        "count",
+        rung19_count,
+        "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 18 "
+        "against rung 19 (head_dim 128, SASS of NVRTC 13.0).",
     ),
 ]

@@ -1,8 +1,8 @@
-// Rung 18 — the epilogue through shared memory: each warp puts its 16 rows of O / l into a staging tile with
+// Rung 19 — the epilogue through shared memory: each warp puts its 16 rows of O / l into a staging tile with
 // stmatrix and writes them back out as whole rows, 16 bytes per lane, so every store instruction fills
 // complete 128-byte lines.
 //
-// The idea (over rung 17): rungs 7–17 write O straight from the wgmma accumulator registers, one bf16 pair
+// The idea (over rung 18): rungs 7–18 write O straight from the wgmma accumulator registers, one bf16 pair
 // (4 bytes) per store: a warp's store covers 8 rows × 16 bytes, touches 8 lines and half-fills each sector,
 // and a thread issues HEAD_DIM / 4 of them (32 at head_dim 128). Measured on rung 17 at 512 keys (its page,
 // "Measured timeline at 512 keys"), that epilogue takes 1.5 µs per warpgroup and work tile, 13–15 % of the
@@ -14,10 +14,39 @@
 // every instruction whole lines. The warp needs nothing from the others (no named barrier), and the staging
 // tile costs BLOCK_M × HEAD_DIM × 2 bytes of shared memory: 32 KB at head_dim 128, 24 KB for the 192-row
 // head_dim-64 tiles, 48 KB for the long-K/V tiles. At head_dim 256 it would not fit (64 KB on top of 193 KB),
-// so that build keeps rung 17's stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte
+// so that build keeps rung 18's stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte
 // multiples (a caller's own buffer), the same rows go out in 4-byte stores (a warp-uniform branch). Sources:
 // FlashAttention-3's and FA4's epilogues (O staged in shared memory before the store; the idea only), PTX ISA
 // "stmatrix", CUDA C++ Best Practices Guide "Coalesced Access to Global Memory".
+//
+// Everything else (the exponentials first, uniform warp index, P double-buffered, kept references, lazy
+// rescale, descriptors, persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 18's.
+//
+// Rung 18's header, for the exponentials first:
+//
+// Rung 18 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
+// the largest P afterwards, so the row-max loop leaves the path from S to P·V.
+//
+// The idea (over rung 17): rung 15's fast path decides with a vote whether the warp may keep its references
+// (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
+// dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
+// issue. In Nsight Compute's source view at 4k of the kernel that was rung 18 then (seventh session,
+// ncu_r18_4k: rung 17 with the epilogue of today's rung 19) that max section is 28 % of a consumer warp's
+// softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of the warp's step)
+// no longer fits the other warpgroup's GEMMs. But the test is the same as asking
+// whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
+// exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
+// the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
+// whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
+// = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
+// MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
+// and takes rung 17's full path from the scores, which are still in their registers: the speculative P went
+// straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
+// is the work spent twice, on the tiles that move a reference. Where P is not double-buffered (three consumer
+// warpgroups) the kernel is rung 17's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 17's full
+// path on every tile (no kept-reference shortcut: slower, as exact). Sources:
+// FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
+// softmax); PTX ISA "Warp Vote".
 //
 // Everything else (the uniform warp index, P double-buffered, kept references, lazy rescale, descriptors,
 // persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 17's.
@@ -160,6 +189,13 @@ constexpr int NUM_WARPS = NUM_THREADS / 32;
 // wait.
 #ifndef P_DOUBLE_BUFFER
 #define P_DOUBLE_BUFFER (NUM_THREADS == 384)
+#endif
+// This rung's idea needs a free buffer for the speculative P: the two-consumer-warpgroup builds.
+#ifndef EXP_FIRST
+#define EXP_FIRST P_DOUBLE_BUFFER
+#endif
+#if EXP_FIRST && !P_DOUBLE_BUFFER
+#error "EXP_FIRST packs P into the buffer that the P·V in flight does not read: it needs P_DOUBLE_BUFFER"
 #endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
@@ -458,14 +494,15 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
     const float inv_scale_log2 = 1.f / scale_log2;
+#if EXP_FIRST
+    const float p_limit = exp2f(RESCALE_THRESHOLD);  // the largest P that a kept reference may give
+#endif
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
-    // Tile nb's masking and online softmax, in place on s (S -> P, fp32); alpha: the rescale factor of O.
-    // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
-    // tile (a constant at each call), which never keeps a reference: no vote.
-    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2], bool first) -> bool {
+    // Tile nb's masking, in place on s: masked scores become −inf.
+    auto mask_tile = [&](int n_start, int m_start) {
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
@@ -491,6 +528,26 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
         }
 #endif
+    };
+    // The l fix of row r for a tile whose thread-largest P is p_top. P·V sums P rounded to bf16 (fp16), l
+    // unrounded. Above a kept reference a tile max's P is up to 2^8 and may dominate the row, so its rounding
+    // would not cancel in O / l: l counts the P of each thread's column max (the row max among them) rounded
+    // too.
+    auto add_l_fix = [&](int r, float p_top) {
+#if FP16
+        const float p_top_rounded = __half2float(__float2half_rn(p_top));
+#else
+        const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
+#endif
+        row_sum[r] += p_top_rounded - p_top;
+#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
+        l_fix[r] += p_top_rounded - p_top;
+#endif
+    };
+    // Tile nb's online softmax (masked before), in place on s (S -> P, fp32); alpha: the rescale factor of O.
+    // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
+    // tile, or a tile whose exponentials-first pass failed (a constant at each call): no vote, the full path.
+    auto softmax_tile = [&](float (&alpha)[2], bool first) -> bool {
         // ---- online softmax: P = 2^(S·c − R), c = scale·log2 e, against each row's kept or new reference
         // ----
         float tile_max[2] = {NEG_INF, NEG_INF};  // of this thread's columns of each row
@@ -543,21 +600,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             rescale = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);  // warp-uniform: a vote
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference a tile max's P is up to
-            // 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts the P of each
-            // thread's column max (the row max among them) rounded too (one FFMA and ex2 of that score).
-            const float p_top = smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]);
-#if FP16
-            const float p_top_rounded = __half2float(__float2half_rn(p_top));
-#else
-            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
-#endif
-            row_sum[r] += p_top_rounded - p_top;
-#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
-            l_fix[r] += p_top_rounded - p_top;
-#endif
-        }
+        for (int r = 0; r < 2; ++r)  // (one FFMA and ex2 of the column max's score)
+            add_l_fix(r, smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]));
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
         // Warp-uniform, so the common case below is the bf16 loop, one FFMA and one MUFU.EX2 per score.
@@ -584,6 +628,48 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
         return rescale;
     };
+#if EXP_FIRST
+    // This rung's idea: the kept-reference path with the exponentials first. P = 2^(s·mul − R) against each
+    // row's kept reference, summed into l and packed into p_out as it comes; then one vote on the largest P
+    // of each row. Returns true (every row of the warp keeps its reference: alpha = 1, P in p_out, l updated,
+    // the l fix applied to the largest P) or false (l as it was, s untouched: the caller takes the full
+    // path). Never on a work tile's first K/V tile (no reference yet).
+    auto exp_first_tile = [&](uint32_t (&p_out)[KV_STEPS][4]) -> bool {
+#if FP16
+        // fp16 P stored against R + k (k != 0 where |max·c| >= 2^24) stays on the full path: warp-uniform.
+        if (__any_sync(0xffffffffu, row_shift[0] != 0.f || row_shift[1] != 0.f)) return false;
+#endif
+        const float mul[2] = {smx::row_multiplier(row_max[0], scale_log2),
+                              smx::row_multiplier(row_max[1], scale_log2)};
+        const float sum_before[2] = {row_sum[0], row_sum[1]};
+        float p_max[2] = {0.f, 0.f};  // the largest P of this thread's columns of each row (NaN dropped)
+#pragma unroll
+        for (int ks = 0; ks < KV_STEPS; ++ks) {
+            float lo[4], hi[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                lo[e] =
+                    smx::fast_exp2(fmaf(s[2 * ks][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
+                hi[e] = smx::fast_exp2(fmaf(s[2 * ks + 1][e], mul[e >> 1], row_neg_ref[e >> 1]));
+                row_sum[e >> 1] += lo[e];
+                row_sum[e >> 1] += hi[e];
+                p_max[e >> 1] = fmaxf(p_max[e >> 1], fmaxf(lo[e], hi[e]));
+            }
+            pack_p_fragment<elem>(p_out[ks], lo, hi);
+        }
+        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <=
+        // 2^RESCALE_THRESHOLD. (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either
+        // path.)
+        if (!__all_sync(0xffffffffu, p_max[0] <= p_limit && p_max[1] <= p_limit)) {
+            row_sum[0] = sum_before[0];
+            row_sum[1] = sum_before[1];
+            return false;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) add_l_fix(r, p_max[r]);  // the l fix, with the largest P itself
+        return true;
+    };
+#endif
     auto issue_qk = [&](int slot) {
         const uint64_t k_desc = k_desc0 + ((slot * KV_TILE_BYTES) >> 4);
         hop::reg_fence(s);
@@ -646,7 +732,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_END(S);
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            softmax_tile(0, m_start, alpha, true);
+            mask_tile(0, m_start);
+            softmax_tile(alpha, true);
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_a[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
@@ -687,15 +774,29 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            const bool rescale =
-                softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
+            mask_tile(nb * BLOCK_N, m_start);  // under P_{nb-1}·V_{nb-1}
+#if EXP_FIRST
+            // The kept references first (this rung): P packed already, or the full path and its pack.
+            bool rescale = false;
+            alpha[0] = alpha[1] = 1.f;
+            if (!exp_first_tile(p_out)) {  // warp-uniform: a vote
+                rescale = softmax_tile(alpha, true);
+#pragma unroll
+                for (int ks = 0; ks < KV_STEPS; ++ks)
+                    pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+            }
+#else
+            const bool rescale = softmax_tile(alpha, false);
+#endif
             // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
             // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
             uint32_t folded = 0;  // XOR of the packed words, folded in as they come (two per LOP3)
 #if P_DOUBLE_BUFFER
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) {
+#if !EXP_FIRST
                 pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+#endif
                 folded = hop::xor3(folded, p_out[ks][0], p_out[ks][1]);
                 folded = hop::xor3(folded, p_out[ks][2], p_out[ks][3]);
             }
@@ -806,7 +907,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
-#if !SMEM_EPILOGUE  // head_dim 256: rung 17's stores, straight from the registers
+#if !SMEM_EPILOGUE  // head_dim 256: rung 18's stores, straight from the registers
             const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED

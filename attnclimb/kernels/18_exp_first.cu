@@ -1,51 +1,26 @@
-// Rung 19 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
+// Rung 18 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
 // the largest P afterwards, so the row-max loop leaves the path from S to P·V.
 //
-// The idea (over rung 18): rung 15's fast path decides with a vote whether the warp may keep its references
+// The idea (over rung 17): rung 15's fast path decides with a vote whether the warp may keep its references
 // (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
 // dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
-// issue. In rung 18's Nsight Compute source view at 4k (seventh session, ncu_r18_4k) that max section is 28 %
-// of a consumer warp's softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60
-// % of the warp's step) no longer fits the other warpgroup's GEMMs. But the test is the same as asking
+// issue. In Nsight Compute's source view at 4k of the kernel that was rung 18 then (seventh session,
+// ncu_r18_4k: rung 17 with the epilogue of today's rung 19) that max section is 28 % of a consumer warp's
+// softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of the warp's step)
+// no longer fits the other warpgroup's GEMMs. But the test is the same as asking
 // whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
 // exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
 // the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
 // whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
 // = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
 // MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
-// and takes rung 18's full path from the scores, which are still in their registers: the speculative P went
+// and takes rung 17's full path from the scores, which are still in their registers: the speculative P went
 // straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
 // is the work spent twice, on the tiles that move a reference. Where P is not double-buffered (three consumer
-// warpgroups) the kernel is rung 18's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 18's full
+// warpgroups) the kernel is rung 17's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 17's full
 // path on every tile (no kept-reference shortcut: slower, as exact). Sources:
 // FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
 // softmax); PTX ISA "Warp Vote".
-//
-// Everything else (the staged epilogue, uniform warp index, P double-buffered, kept references, lazy rescale,
-// descriptors, persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 18's.
-//
-// Rung 18's header, for the epilogue through shared memory:
-//
-// Rung 18 — the epilogue through shared memory: each warp puts its 16 rows of O / l into a staging tile with
-// stmatrix and writes them back out as whole rows, 16 bytes per lane, so every store instruction fills
-// complete 128-byte lines.
-//
-// The idea (over rung 17): rungs 7–17 write O straight from the wgmma accumulator registers, one bf16 pair
-// (4 bytes) per store: a warp's store covers 8 rows × 16 bytes, touches 8 lines and half-fills each sector,
-// and a thread issues HEAD_DIM / 4 of them (32 at head_dim 128). Measured on rung 17 at 512 keys (its page,
-// "Measured timeline at 512 keys"), that epilogue takes 1.5 µs per warpgroup and work tile, 13–15 % of the
-// period, and both warpgroups' epilogues overlap, so the tensor cores wait for them. Here the accumulator's
-// n8 tiles, packed in pairs, are exactly stmatrix's 8 × 8 fragments (PTX ISA "stmatrix"): HEAD_DIM / 16
-// stmatrix.x4 per thread put the warp's rows into its own 16 × HEAD_DIM staging rows, 16-byte chunks
-// XOR-swizzled by row so that neither the stmatrix nor the row reads conflict on banks; a __syncwarp, then
-// each lane reads 16-byte chunks back (LDS.128) and stores them (STG.128), HEAD_DIM / 16 of each per thread,
-// every instruction whole lines. The warp needs nothing from the others (no named barrier), and the staging
-// tile costs BLOCK_M × HEAD_DIM × 2 bytes of shared memory: 32 KB at head_dim 128, 24 KB for the 192-row
-// head_dim-64 tiles, 48 KB for the long-K/V tiles. At head_dim 256 it would not fit (64 KB on top of 193 KB),
-// so that build keeps rung 17's stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte
-// multiples (a caller's own buffer), the same rows go out in 4-byte stores (a warp-uniform branch). Sources:
-// FlashAttention-3's and FA4's epilogues (O staged in shared memory before the store; the idea only), PTX ISA
-// "stmatrix", CUDA C++ Best Practices Guide "Coalesced Access to Global Memory".
 //
 // Everything else (the uniform warp index, P double-buffered, kept references, lazy rescale, descriptors,
 // persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 17's.
@@ -239,19 +214,8 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
 static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-// O staged in shared memory for the stores (this rung's idea) where the staging tile fits: head_dim <= 128.
-#define SMEM_EPILOGUE (HEAD_DIM <= 128)
-constexpr uint32_t O_ROW_BYTES = HEAD_DIM * sizeof(elem);  // one row of O in the staging tile
-constexpr int O_CHUNKS = O_ROW_BYTES / 16;                 // its 16-byte chunks: 8 (head_dim 64) or 16 (128)
-constexpr uint32_t O_STAGE_BYTES = SMEM_EPILOGUE ? BLOCK_M * O_ROW_BYTES : 0;
-static_assert(
-    SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES + O_STAGE_BYTES,
-    "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
-    "smem_layout)");
-static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
-// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
-// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
-[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
+static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
+              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
 // wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
 // buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
 // stay below it, so base + (offset >> 4) never carries out of the field.
@@ -286,9 +250,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
-#if SMEM_EPILOGUE
-    unsigned char* s_o = s_v + NUM_STAGES * KV_TILE_BYTES;  // O staging: BLOCK_M rows
-#endif
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];        // K tile of the stage has landed
@@ -299,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     const int tid = threadIdx.x, lane = tid % 32;
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform, and visibly so
-    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
+    const int g = lane / 4, t = lane % 4;
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -878,14 +839,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
         // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
-        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
-            inv_l[r] = l > 0.f ? 1.f / l : 0.f;
-#if WRITE_LSE || !SMEM_EPILOGUE
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
-#endif
 #if WRITE_LSE
             // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
@@ -906,8 +864,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
-#if !SMEM_EPILOGUE  // head_dim 256: rung 17's stores, straight from the registers
-            const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
                 elem* dst =
@@ -918,75 +874,15 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
 #if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_f16x2(clamp_f16(o_acc[j][2 * r] * inv), clamp_f16(o_acc[j][2 * r + 1] * inv));
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
+                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
 #else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_bf16x2(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
+                        pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
 #endif
                 }
             }
-#endif
         }
-#if SMEM_EPILOGUE
-        // O / l of this warp's 16 rows into its staging rows, one stmatrix.x4 per two n8 tiles: matrices (j,
-        // rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15); lane l addresses row (l % 8) + (l
-        // & 8) of the 16-byte chunk j + l / 16 (n8 tile = chunk), stored at chunk c ^ (row % 8).
-        auto pack_o = [&](float lo, float hi, float inv) -> uint32_t {
-#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-            return pack_f16x2(clamp_f16(lo * inv), clamp_f16(hi * inv));
-#else
-            return pack_bf16x2(lo * inv, hi * inv);
-#endif
-        };
-        unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
-        __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
-        {
-            const int r = (lane & 7) + (lane & 8);
-            const uint32_t row_addr = smem_addr(o_rows) + r * O_ROW_BYTES;
-#pragma unroll
-            for (int j = 0; j < O_TILES; j += 2) {
-                const int c = j + (lane >> 4);
-                hop::stmatrix_x4(row_addr + ((c ^ (r & 7)) << 4), pack_o(o_acc[j][0], o_acc[j][1], inv_l[0]),
-                                 pack_o(o_acc[j][2], o_acc[j][3], inv_l[1]),
-                                 pack_o(o_acc[j + 1][0], o_acc[j + 1][1], inv_l[0]),
-                                 pack_o(o_acc[j + 1][2], o_acc[j + 1][3], inv_l[1]));
-            }
-        }
-        __syncwarp();  // the warp's rows are in shared memory for every lane
-        // Whole rows out: O_CHUNKS lanes per row, 16 bytes each (4-byte stores where O is not 16-byte
-        // aligned).
-#if STRIDED
-        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0 &&
-                           ((o_stride_b | o_stride_h | o_stride_s) & 7) == 0;
-#else
-        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
-#endif
-#pragma unroll O_COPY_UNROLL
-        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
-            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
-            const uint4 chunk =
-                *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
-            const int row = m_start + cw * WARP_ROWS + r;
-            if (row < seqlen_q) {
-#if STRIDED
-                elem* dst =
-                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + c * 8;
-#else
-                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + c * 8;
-#endif
-                if (o_vec) {  // kernel arguments: warp-uniform
-                    *reinterpret_cast<uint4*>(dst) = chunk;
-                } else {
-                    uint32_t* dst32 = reinterpret_cast<uint32_t*>(dst);
-                    dst32[0] = chunk.x;
-                    dst32[1] = chunk.y;
-                    dst32[2] = chunk.z;
-                    dst32[3] = chunk.w;
-                }
-            }
-        }
-#endif
         TRACE_END(EPILOGUE);
     }
 }
