@@ -240,7 +240,7 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -28
     ;;
-  ab-swap)   # (no carry, ~5 min; fifteenth session) rung 19's idea below rung 18's: rungs 17, 18, 19 and `xt` (rung 17 +
+  ab-swap)   # (no carry, ~5 min; fifteenth session, before the re-cut that made xt rung 18) rungs 17, 18, 19 and `xt` (rung 17 +
              # rung 19's diff, turns kept: benchmarks/ab/variants/rung17-xt), 5 rounds with the error table; causal 3 rounds
     x=(--variant xt=benchmarks/ab/variants/rung17-xt)
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --rounds 5 \

@@ -508,11 +508,11 @@ def _exp_first_cases():
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 @pytest.mark.parametrize("case", _exp_first_cases(), ids=lambda c: c[0])
 def test_rung18_votes_after_the_exponentials(case):
-    """Rung 18's idea in the machine code (and rung 19's, which keeps it): in every steady-loop window between the wait for S and the wait for
-    P·V, its builds with two P buffers issue the first MUFU.EX2 before the kept-reference vote (VOTE.ALL) and hold
-    two packs of P (the speculative one and the full path's; an fp16 build also rounds the l fix's P, two per
-    path). Rung 17, and the three-warpgroup builds of rungs 18 and 19, vote before the first exponential (the row-max loop
-    ahead of them)."""
+    """Rung 18's idea in the machine code (and rung 19's, which keeps it): in every steady-loop window between the
+    wait for S and the wait for P·V, their builds with two P buffers issue the first MUFU.EX2 before the
+    kept-reference vote (VOTE.ALL) and hold two packs of P (the speculative one and the full path's; an fp16 build
+    also rounds the l fix's P, two per path). Rung 17, and the three-warpgroup builds of rungs 18 and 19, vote
+    before the first exponential (the row-max loop ahead of them)."""
     _, r, first = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
     for i, j in _softmax_windows(lines):
