@@ -240,9 +240,11 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --rounds 3 \
       --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -28
     ;;
-  ab-swap)   # (no carry, ~5 min; fifteenth session, before the re-cut that made xt rung 18) rungs 17, 18, 19 and `xt` (rung 17 +
-             # rung 19's diff, turns kept: benchmarks/ab/variants/rung17-xt), 5 rounds with the error table; causal 3 rounds
-    x=(--variant xt=benchmarks/ab/variants/rung17-xt)
+  ab-swap)   # (no carry, ~5 min; fifteenth session) the re-cut's A/B: rungs 17, 18, 19 and `xt`, rung 18's source as a
+             # variant of rung 17 (at e26351a, before the re-cut, `xt` was rung 17 + the then rung 19's diff and rungs 18
+             # and 19 were the staged epilogue and the exponentials first on it); 5 rounds with the error table; causal 3
+    mkdir -p .ab/rung17-xt && cp attnclimb/kernels/18_exp_first.cu .ab/rung17-xt/17_uniform_warp.cu
+    x=(--variant xt=.ab/rung17-xt)
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --rounds 5 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,16x16x1024,1x12x32760 --out "$OUT/ab_swap.json" 2>&1 | tail -22
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --causal --rounds 3 --no-errors \
