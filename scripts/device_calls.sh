@@ -208,8 +208,9 @@ case "${1:-}" in
                  # (make_variants.py nopp_ladder): the data for a ladder whose turns come last (thirteenth session)
     [ -d .peers/q1 ] && mkdir -p /tmp/fa4 && cp .peers/q1/* /tmp/fa4/
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    x=(--variant x=benchmarks/ab/variants/rung17-x)   # rung 17 + rung 19's diff, no turns (its README)
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder "${x[@]}" --rounds 3 \
+    # (at b713b2e it also timed `x`, rung 17 without turns + the exponentials first: since the fifteenth session's
+    # re-cut that is nopp_ladder's rung 18, so the variant is gone; benchmarks/ab/variants/README.md)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $(seq -s, 9 "$TOP") --variant nopp=.ab/nopp_ladder --rounds 3 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder_nopp.json" 2>&1 | tail -26
     ;;
   d64-ncu)   # (carry .peers/q2, right after ladder-nopp) Nsight Compute of the top rung at head_dim 64, B2 H32 S8192
