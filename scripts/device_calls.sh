@@ -39,6 +39,8 @@
 #                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
 #   bash scripts/device_calls.sh ab-swap    (no carry, ~5 min) rungs 17-19 and rung 17 + rung 19's diff (turns kept): the 18/19 order
+#   bash scripts/device_calls.sh ab-10      (no carry, ~5 min) rungs 9, 10 and the top against three placements of the turn
+#                                           (make_variants.py sonly10, sonlytop, vfirst10, latearrive10; sixteenth session)
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -250,6 +252,14 @@ case "${1:-}" in
       --shapes 4x16x4096,2x16x8192,1x16x16384,16x16x1024,1x12x32760 --out "$OUT/ab_swap.json" 2>&1 | tail -22
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 17,18,19 "${x[@]}" --causal --rounds 3 --no-errors \
       --shapes 4x16x4096,1x16x16384 --out "$OUT/ab_swap_causal.json" 2>&1 | tail -5
+    ;;
+  ab-10)   # (no carry, ~5 min; sixteenth session) where the turn sits: rungs 9, 10 and the top against sonly (the turn
+           # covers S only), vfirst10 (V waited for before the turn) and latearrive10 (turn handed over after S
+           # completes), make_variants.py; 4 rounds with the error table at the headline shapes
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    x=(--variant sonly=.ab/sonly10 --variant sonlyt=.ab/sonlytop --variant vfirst=.ab/vfirst10 --variant late=.ab/latearrive10)
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,10,"$TOP" "${x[@]}" --rounds 4 \
+      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_10.json" 2>&1 | tail -24
     ;;
   diag)
     shift

@@ -399,6 +399,52 @@ def latearrive(src: str) -> str:
     )
 
 
+def sonly(src: str) -> str:
+    """The turn covers the S group only: in the loop, a warpgroup arrives on the other one's barrier right after
+    issuing S_nb, and waits for V and issues P_{nb-1}·V_{nb-1} after that, outside its turn (sixteenth session,
+    rung 10's page). The other warpgroup's S may then reach the tensor cores before this one's P·V, which this
+    one's softmax needs only at its end; and a late V no longer holds the other warpgroup back."""
+    src = _sub(
+        src,
+        r"\n[ \t]*hop::named_bar_arrive\(other_turn, TURN_THREADS\);(\n[ \t]*hop::wgmma_wait<1>\(\);)",
+        r"\1",
+        1,
+        regex=True,
+    )
+    return _sub(
+        src,
+        r"(\n([ \t]*)issue_qk\(slot\);)(\n[ \t]*TRACE_END\(S\);\n[ \t]*TRACE_BEGIN\(WAIT_V\);)",
+        r"\1\n\2hop::named_bar_arrive(other_turn, TURN_THREADS);\3",
+        1,
+        regex=True,
+    )
+
+
+def vfirst10(src: str) -> str:
+    """Rung 10's loop with ``vfirst``'s order (measured on rung 17 and the epilogue's rung, not on rung 10): the
+    previous tile's V waited for before the turn's named barrier, so a late V no longer holds the turn."""
+    wait_v = (
+        "        TRACE_BEGIN(WAIT_V);\n"
+        "        hop::mbar_wait(&bar_v[pv_slot], pv_phase);\n"
+        "        TRACE_END(WAIT_V);\n"
+    )
+    src = _sub(src, "        TRACE_END(S);\n" + wait_v + "        TRACE_BEGIN(S);\n", "", 1)
+    k_wait = "        TRACE_BEGIN(WAIT_K);\n        hop::mbar_wait(&bar_k[slot], ring.phase);\n        TRACE_END(WAIT_K);\n"
+    return _sub(src, k_wait, k_wait + wait_v, 1)
+
+
+def latearrive10(src: str) -> str:
+    """Rung 10's loop with ``latearrive``'s order (measured on rung 17 only): the turn handed over after S is
+    complete."""
+    return _sub(
+        src,
+        "        hop::named_bar_arrive(other_turn, TURN_THREADS);\n"
+        "        hop::wgmma_wait<1>();                                 // the older group, S, is complete\n",
+        "        hop::wgmma_wait<1>();                                 // the older group, S, is complete\n"
+        "        hop::named_bar_arrive(other_turn, TURN_THREADS);\n",
+        1,
+    )
+
 def nomax(src: str) -> str:
     """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
     one n8 column tile instead of all of them (the fast path's test and the l fix see that column only). Its
@@ -528,6 +574,10 @@ def main(out=".ab"):
         ("latearrive", latearrive, {}, measured17),
         ("wgarrive18", wgarrive, {}, rungs.get(VARIANTS_OF_18)),
         ("vfirst18", vfirst, {}, rungs.get(VARIANTS_OF_18)),
+        ("sonly10", sonly, {}, rungs.get(PINGPONG_RUNG)),
+        ("vfirst10", vfirst10, {}, rungs.get(PINGPONG_RUNG)),
+        ("latearrive10", latearrive10, {}, rungs.get(PINGPONG_RUNG)),
+        ("sonlytop", sonly, {}, top),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

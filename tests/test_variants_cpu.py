@@ -282,3 +282,39 @@ def test_sleeptop_and_treetop_build_without_spills(tmp_path, name, build):
     c = compile_source(r, _inlined(tmp_path / name, top.source.name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+
+
+@pytest.mark.parametrize(
+    ("name", "rung", "build"),
+    [
+        ("sonly10", 10, "plain"),
+        ("vfirst10", 10, "plain"),
+        ("latearrive10", 10, "plain"),
+        ("sonlytop", None, "plain"),
+        ("sonlytop", None, "long-kv"),
+    ],
+)
+def test_turn_placement_variants_move_one_wait_or_arrival(tmp_path, name, rung, build):
+    """The sixteenth session's turn placements (rung 10's page, "Revisited"): each keeps every line of its rung and
+    the same count of named-barrier calls, moving only where the loop's arrival (sonly: right after issuing S;
+    latearrive10: after S completes) or V wait (vfirst10: before the turn) sits; each builds without spills or
+    serialised wgmmas (the top rung's also with its three-warpgroup long-K/V tiles)."""
+    mod = _load()
+    mod.main(str(tmp_path))
+    r = rungs.get(rung) if rung else rungs.TOP
+    src, var = r.source.read_text(), (tmp_path / name / r.source.name).read_text()
+    # the same lines in another order; vfirst10 also drops the trace marks that split the turn around the V wait
+    dropped = {"        TRACE_END(S);": 1, "        TRACE_BEGIN(S);": 1} if name == "vfirst10" else {}
+    assert var != src and Counter(src.splitlines()) - Counter(var.splitlines()) == Counter(dropped)
+    assert not Counter(var.splitlines()) - Counter(src.splitlines())
+    assert var.count("named_bar_arrive(") == src.count("named_bar_arrive(")
+    lines = var.splitlines()
+    loop_arrive = [i for i, ln in enumerate(lines) if ln.strip() == "hop::named_bar_arrive(other_turn, TURN_THREADS);"]
+    issue = [i for i, ln in enumerate(lines) if ln.strip() == "issue_qk(slot);"]
+    if name.startswith("sonly"):
+        assert any(i + 1 in loop_arrive for i in issue)
+    b = feature_variant(r, False, False, False, seqlen_k=r.long_kv[0]) if build == "long-kv" else r
+    c = compile_source(b, var)
+    assert SERIALIZED_WGMMA not in c.log, c.log
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
