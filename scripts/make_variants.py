@@ -424,12 +424,12 @@ def vfirst10(src: str) -> str:
     """Rung 10's loop with ``vfirst``'s order (measured on rung 17 and the epilogue's rung, not on rung 10): the
     previous tile's V waited for before the turn's named barrier, so a late V no longer holds the turn."""
     wait_v = (
-        "        TRACE_BEGIN(WAIT_V);\n"
-        "        hop::mbar_wait(&bar_v[pv_slot], pv_phase);\n"
-        "        TRACE_END(WAIT_V);\n"
+        "        TRACE_BEGIN(WAIT_V);\n        hop::mbar_wait(&bar_v[pv_slot], pv_phase);\n        TRACE_END(WAIT_V);\n"
     )
     src = _sub(src, "        TRACE_END(S);\n" + wait_v + "        TRACE_BEGIN(S);\n", "", 1)
-    k_wait = "        TRACE_BEGIN(WAIT_K);\n        hop::mbar_wait(&bar_k[slot], ring.phase);\n        TRACE_END(WAIT_K);\n"
+    k_wait = (
+        "        TRACE_BEGIN(WAIT_K);\n        hop::mbar_wait(&bar_k[slot], ring.phase);\n        TRACE_END(WAIT_K);\n"
+    )
     return _sub(src, k_wait, k_wait + wait_v, 1)
 
 
@@ -444,6 +444,7 @@ def latearrive10(src: str) -> str:
         "        hop::named_bar_arrive(other_turn, TURN_THREADS);\n",
         1,
     )
+
 
 def nomax(src: str) -> str:
     """DIAGNOSTIC, wrong results: after a work tile's first K/V tile the thread's own row maxima are taken over
