@@ -1195,12 +1195,15 @@ def test_bench_loop_gives_the_headline_longer_rounds_by_name(monkeypatch):
     )
 
 
-def test_headline_defaults_to_the_top_three_rungs_and_both_peers():
+def test_headline_defaults_to_the_schedule_rungs_and_both_peers():
+    """Rung 9 (the first of issue 13's ladder) to the top, top first, then both peers: each neighbour step from
+    rung 9 up gets the long windows; rung 8 and below keep the short ones."""
     from attnclimb import rungs
 
     keys = run.headline_keys()
     top = rungs.TOP.number
-    assert keys == (f"rung{top:02d}", f"rung{top - 1:02d}", f"rung{top - 2:02d}", "sdpa_cudnn", "fa4")
+    assert run.SCHEDULE_RUNGS_FROM == 9 and rungs.get(9).name == "softmax_overlap"
+    assert keys == (*(f"rung{n:02d}" for n in range(top, 8, -1)), "sdpa_cudnn", "fa4")
     assert run.parse_headline(None) == keys and run.parse_headline("none") == () and run.parse_headline("") == ()
     assert run.parse_headline(" rung05, fa4 ,") == ("rung05", "fa4")
     p = __import__("argparse").ArgumentParser()
