@@ -5,8 +5,8 @@
 from ``git archive``) and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
-``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``) and ``-D`` macros (``NUM_STAGES``) override the
-rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N keys, and ``long_kv_FIELD=N``
+``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
+macros (``NUM_STAGES``) override the rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N keys, and ``long_kv_FIELD=N``
 (``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
 implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim 64`` on that head_dim (the top
 rung's ``head_dims`` variant, with a variant's overrides on top of its tiles; the error table stays at 128).
@@ -55,6 +55,11 @@ def overrides(spec):
         long = key.startswith("long_kv_") and key != "long_kv_from"
         if long and key[len("long_kv_") :] not in LONG_KV_FIELDS:
             raise SystemExit(f"ab_rungs: {key}: the long-K/V tiles have the fields {', '.join(LONG_KV_FIELDS)}")
+        if key == "smem_layout":  # a name (rungs.SMEM_LAYOUTS), for a variant that carves shared memory otherwise
+            if val not in rungs.SMEM_LAYOUTS:
+                raise SystemExit(f"ab_rungs: smem_layout must be one of {sorted(rungs.SMEM_LAYOUTS)}, got {val!r}")
+            fields[key] = val
+            continue
         (fields if key in names or key == "long_kv_from" or long else defines)[key] = int(val)
     return fields, defines
 

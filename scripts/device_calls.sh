@@ -41,6 +41,8 @@
 #   bash scripts/device_calls.sh ab-swap    (no carry, ~5 min) rungs 17-19 and rung 17 + rung 19's diff (turns kept): the 18/19 order
 #   bash scripts/device_calls.sh ab-10      (no carry, ~5 min) rungs 9, 10 and the top against three placements of the turn
 #                                           (make_variants.py sonly10, sonlytop, vfirst10, latearrive10; sixteenth session)
+#   bash scripts/device_calls.sh ab-epi11   (no carry, ~3 min) rung 11 with the top rung's staged epilogue, with and without
+#                                           the turns, against rungs 9-11 with and without them (sixteenth session)
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -260,6 +262,18 @@ case "${1:-}" in
     x=(--variant sonly=.ab/sonly10 --variant sonlyt=.ab/sonlytop --variant vfirst=.ab/vfirst10 --variant late=.ab/latearrive10)
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,10,"$TOP" "${x[@]}" --rounds 4 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_10.json" 2>&1 | tail -24
+    ;;
+  ab-epi11)   # (no carry, ~3 min; sixteenth session) issue 13's item 3 on rung 9's kernel: rungs 9, 10, 11, each without the
+              # turns (nopp; rung 10 without them is rung 9's schedule: the run's noise), and rung 11 with the top rung's
+              # epilogue through shared memory (benchmarks/ab/variants/rung11-epi), with and without the turns
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    mkdir -p .ab/epin && PYTHONPATH=.:scripts python3 -c "import sys, make_variants as m; from pathlib import Path; \
+      Path('.ab/epin/11_persistent.cu').write_text(m.nopp(Path(sys.argv[1]).read_text()))" \
+      benchmarks/ab/variants/rung11-epi/11_persistent.cu || exit 1
+    st=@smem_layout=tma_ring_staged_o
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,10,11 --variant nopp=.ab/nopp_ladder \
+      --variant epi=benchmarks/ab/variants/rung11-epi$st --variant epin=.ab/epin$st --rounds 4 \
+      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_epi11.json" 2>&1 | tail -24
     ;;
   diag)
     shift
