@@ -6,8 +6,8 @@ from ``git archive``) and any ``.cuh`` they include that the package lacks. Each
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
-macros (``NUM_STAGES``) override the rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N keys, and ``long_kv_FIELD=N``
-(``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
+macros (``NUM_STAGES``) override the rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles
+to N keys, and ``long_kv_FIELD=N`` (``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
 implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim 64`` on that head_dim (the top
 rung's ``head_dims`` variant, with a variant's overrides on top of its tiles; the error table stays at 128).
 FA4 is timed too when it is importable.
