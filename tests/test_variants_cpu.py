@@ -318,3 +318,27 @@ def test_turn_placement_variants_move_one_wait_or_arrival(tmp_path, name, rung, 
     assert SERIALIZED_WGMMA not in c.log, c.log
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_rung11_epi_builds_without_spills(turns):
+    """benchmarks/ab/variants/rung11-epi (sixteenth session, ``device_calls.sh ab-epi11``): rung 11 with the top
+    rung's staged epilogue, with the turns and without them (``nopp``), at the staged layout's shared memory; no
+    spills, no serialised wgmmas, and in SASS the epilogue's stmatrix and 16-byte stores that rung 11 lacks."""
+    import dataclasses
+
+    src = (ROOT / "benchmarks" / "ab" / "variants" / "rung11-epi" / "11_persistent.cu").read_text()
+    if not turns:
+        src = _load().nopp(src)
+    r = dataclasses.replace(rungs.get(11), smem_layout="tma_ring_staged_o")
+    c = compile_source(r, src)
+    assert SERIALIZED_WGMMA not in c.log, c.log
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+    if find_cuobjdump() is not None:
+        code, base = sass(c.cubin), sass(compile_rung(rungs.get(11)).cubin)
+        assert "STSM" in code and "STG.E.128" in code and "STSM" not in base
+        if turns:  # rung 11's named barriers, as many
+            assert code.count("BAR.SYNC") == base.count("BAR.SYNC") and code.count("BAR.ARV") == base.count("BAR.ARV")
+        else:  # only the CTA's one __syncthreads
+            assert code.count("BAR.SYNC") == 1 and "BAR.ARV" not in code
