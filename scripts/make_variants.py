@@ -33,6 +33,9 @@
 * ``hint/…`` and ``hintq/…`` + ``l2hint.cuh``: the top rung's TMA loads with an L2 eviction priority (K/V
   ``evict_last`` and Q ``evict_first``; Q ``evict_first`` only): within the noise (twelfth session, rung 19's
   page, "Tried on this rung");
+* ``sonly10/…``, ``vfirst10/…``, ``latearrive10/…`` and ``sonlytop/…``: rung 10 with its turn placed otherwise (it
+  covers S only; V waited for before it; handed over after S completes) and ``sonly`` on the top rung (sixteenth
+  session, ``scripts/device_calls.sh ab-10``; all lost against FA3's placement, rung 10's page, "Revisited");
 * ``nopp_ladder/…``: every rung from rung 10 (the turns' rung) to the top without the turns (``nopp``), for the
   question of a ladder whose turns come last (thirteenth session, rung 10's page, "Revisited");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
