@@ -342,3 +342,26 @@ def test_rung11_epi_builds_without_spills(turns):
             assert code.count("BAR.SYNC") == base.count("BAR.SYNC") and code.count("BAR.ARV") == base.count("BAR.ARV")
         else:  # only the CTA's one __syncthreads
             assert code.count("BAR.SYNC") == 1 and "BAR.ARV" not in code
+
+
+@pytest.mark.skipif(__import__("shutil").which("patch") is None, reason="patch not installed")
+def test_make_recut_writes_the_other_order(tmp_path):
+    """scripts/make_recut.sh (sixteenth session, ``device_calls.sh recut``): rung 11 + the staged epilogue without
+    turns, and rungs 13-17 with rung 19's epilogue diff applied; each has the epilogue, keeps its turns, and builds
+    without spills with the overrides the device call gives it (staged layout, 128-key tiles)."""
+    import dataclasses
+    import subprocess
+
+    subprocess.run(["bash", "scripts/make_recut.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    epin = (tmp_path / "epin" / "11_persistent.cu").read_text()
+    assert "stmatrix_x4" in epin and "named_bar_" not in epin
+    for n in range(13, 18):
+        r = rungs.get(n)
+        src = (tmp_path / ("recut-e13" if n == 13 else "recut-e") / r.source.name).read_text()
+        assert "stmatrix_x4" in src and "named_bar_sync(my_turn" in src
+        assert src.count("#if SMEM_EPILOGUE") == 2
+        b = dataclasses.replace(r, smem_layout="tma_ring_staged_o", block_n=128, kv_box_rows=128)
+        c = compile_source(b, src)
+        assert SERIALIZED_WGMMA not in c.log, c.log
+        for res in c.resources:
+            assert res.spill_bytes == 0 and res.stack_frame == 0, (n, c.log)

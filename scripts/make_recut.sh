@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The other order of issue 13's ladder (sixteenth session; rung 10's page, "Revisited"), as A/B variants:
+#   rung 9 -> persistent grid + epilogue through shared memory, no turns (issue 13's item 3: `epin`) -> the ping-pong
+#   turns (`epi`) -> rungs 13-17's ideas, each with the top rung's epilogue (`e13`, `e`) -> the top rung
+# `bash scripts/make_recut.sh [OUT]` (default .ab) writes
+#   OUT/epin/11_persistent.cu     benchmarks/ab/variants/rung11-epi without the turns (make_variants.nopp)
+#   OUT/recut-e13/13_const_desc.cu, OUT/recut-e/{14..17}_*.cu
+#                                 rungs 13-17 with rung 19's diff over rung 18 (the staged epilogue) applied by patch
+# Time them with `scripts/device_calls.sh recut` (its overrides: smem_layout=tma_ring_staged_o, 128-key tiles where a
+# rung had 176; each rung keeps its long-K/V bound, 32 000 keys, so that the P double buffer and the exponentials
+# first, which the three-warpgroup tiles lack, run at 8k and 16k). Rung 12's 176-key tiles do not fit beside the
+# staging tile (246 784 B), so that order has no wide-tiles step: the top rung does not use them at head_dim 128
+# either. Its last step is the top rung itself: the exponentials first, with the long-K/V bound at 6 144 keys as the
+# staged epilogue's rung has it now (the bound pays only with the epilogue: rung 19's page).
+set -euo pipefail
+out=${1:-.ab}
+K=attnclimb/kernels
+mkdir -p "$out/epin" "$out/recut-e13" "$out/recut-e"
+PYTHONPATH=.:scripts python3 -c "import sys, make_variants as m; from pathlib import Path; \
+Path(sys.argv[2]).write_text(m.nopp(Path(sys.argv[1]).read_text()))" \
+  benchmarks/ab/variants/rung11-epi/11_persistent.cu "$out/epin/11_persistent.cu"
+diff -u "$K/18_exp_first.cu" "$K/19_smem_epilogue.cu" > "$out/epilogue.diff" || [ $? -eq 1 ]
+for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_uniform_warp; do
+  d="$out/recut-e"; [ "$f" = 13_const_desc ] && d="$out/recut-e13"
+  cp "$K/$f.cu" "$d/"
+  patch -s --no-backup-if-mismatch -F3 "$d/$f.cu" < "$out/epilogue.diff"
+  grep -q "stmatrix_x4" "$d/$f.cu" || { echo "make_recut: the epilogue did not apply to $f" >&2; exit 1; }
+done
+echo "wrote $out/epin $out/recut-e13 $out/recut-e"
