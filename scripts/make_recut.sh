@@ -24,6 +24,13 @@ for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_u
   d="$out/recut-e"; [ "$f" = 13_const_desc ] && d="$out/recut-e13"
   cp "$K/$f.cu" "$d/"
   patch -s --no-backup-if-mismatch -F3 "$d/$f.cu" < "$out/epilogue.diff"
-  grep -q "stmatrix_x4" "$d/$f.cu" || { echo "make_recut: the epilogue did not apply to $f" >&2; exit 1; }
+  # the fuzz lets the header's hunk apply over another header: check that exactly the diff's lines changed
+  changed() { grep -E '^[-+]' | grep -vE '^(\+\+\+|---) ' | sort; }
+  if ! cmp -s <(changed < "$out/epilogue.diff") <(diff -u "$K/$f.cu" "$d/$f.cu" | changed); then
+    echo "make_recut: rung 19's epilogue diff did not apply to $f line for line" >&2
+    exit 1
+  fi
+  sed -i "1i // A/B VARIANT (scripts/make_recut.sh), not a rung: $f.cu + rung 19's diff over rung 18 (the epilogue\\
+// through shared memory). The header below is rung 19's; this kernel has rung $((10#${f%%_*}))'s ideas, not the exponentials first." "$d/$f.cu"
 done
 echo "wrote $out/epin $out/recut-e13 $out/recut-e"

@@ -348,7 +348,8 @@ def test_rung11_epi_builds_without_spills(turns):
 def test_make_recut_writes_the_other_order(tmp_path):
     """scripts/make_recut.sh (sixteenth session, ``device_calls.sh recut``): rung 11 + the staged epilogue without
     turns, and rungs 13-17 with rung 19's epilogue diff applied; each has the epilogue, keeps its turns, and builds
-    without spills with the overrides the device call gives it (staged layout, 128-key tiles)."""
+    without spills with the overrides the device call gives it (staged layout, 128-key tiles), its three-warpgroup
+    long-K/V tiles too (rungs 14-17)."""
     import dataclasses
     import subprocess
 
@@ -360,8 +361,12 @@ def test_make_recut_writes_the_other_order(tmp_path):
         src = (tmp_path / ("recut-e13" if n == 13 else "recut-e") / r.source.name).read_text()
         assert "stmatrix_x4" in src and "named_bar_sync(my_turn" in src
         assert src.count("#if SMEM_EPILOGUE") == 2
+        assert src.startswith(f"// A/B VARIANT (scripts/make_recut.sh), not a rung: {r.source.name}")
         b = dataclasses.replace(r, smem_layout="tma_ring_staged_o", block_n=128, kv_box_rows=128)
-        c = compile_source(b, src)
-        assert SERIALIZED_WGMMA not in c.log, c.log
-        for res in c.resources:
-            assert res.spill_bytes == 0 and res.stack_frame == 0, (n, c.log)
+        # the plain tiles, and from rung 14 the three-warpgroup long-K/V tiles that `recut` times at Wan2.1-1.3B
+        builds = [b] + ([feature_variant(b, False, False, False, seqlen_k=b.long_kv[0])] if b.long_kv else [])
+        for build in builds:
+            c = compile_source(build, src)
+            assert SERIALIZED_WGMMA not in c.log, c.log
+            for res in c.resources:
+                assert res.spill_bytes == 0 and res.stack_frame == 0, (n, build.block_m, c.log)
