@@ -268,10 +268,7 @@ case "${1:-}" in
   ab-epi11)   # (no carry, ~3 min; sixteenth session) issue 13's item 3 on rung 9's kernel: rungs 9, 10, 11, each without the
               # turns (nopp; rung 10 without them is rung 9's schedule: the run's noise), and rung 11 with the top rung's
               # epilogue through shared memory (benchmarks/ab/variants/rung11-epi), with and without the turns
-    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    mkdir -p .ab/epin && PYTHONPATH=.:scripts python3 -c "import sys, make_variants as m; from pathlib import Path; \
-      Path('.ab/epin/11_persistent.cu').write_text(m.nopp(Path(sys.argv[1]).read_text()))" \
-      benchmarks/ab/variants/rung11-epi/11_persistent.cu || exit 1
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1   # .ab/epin among them
     st=@smem_layout=tma_ring_staged_o
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,10,11 --variant nopp=.ab/nopp_ladder \
       --variant epi=benchmarks/ab/variants/rung11-epi$st --variant epin=.ab/epin$st --rounds 4 \

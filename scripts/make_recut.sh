@@ -3,7 +3,8 @@
 #   rung 9 -> persistent grid + epilogue through shared memory, no turns (issue 13's item 3: `epin`) -> the ping-pong
 #   turns (`epi`) -> rungs 13-17's ideas, each with the top rung's epilogue (`e13`, `e`) -> the top rung
 # `bash scripts/make_recut.sh [OUT]` (default .ab) writes
-#   OUT/epin/11_persistent.cu     benchmarks/ab/variants/rung11-epi without the turns (make_variants.nopp)
+#   OUT/epin/11_persistent.cu     benchmarks/ab/variants/rung11-epi without the turns (make_variants.py writes it, with
+#                                 its other variants)
 #   OUT/recut-e13/13_const_desc.cu, OUT/recut-e/{14..17}_*.cu
 #                                 rungs 13-17 with rung 19's diff over rung 18 (the staged epilogue) applied by patch
 # Time them with `scripts/device_calls.sh recut` (its overrides: smem_layout=tma_ring_staged_o, 128-key tiles where a
@@ -15,10 +16,8 @@
 set -euo pipefail
 out=${1:-.ab}
 K=attnclimb/kernels
-mkdir -p "$out/epin" "$out/recut-e13" "$out/recut-e"
-PYTHONPATH=.:scripts python3 -c "import sys, make_variants as m; from pathlib import Path; \
-Path(sys.argv[2]).write_text(m.nopp(Path(sys.argv[1]).read_text()))" \
-  benchmarks/ab/variants/rung11-epi/11_persistent.cu "$out/epin/11_persistent.cu"
+mkdir -p "$out/recut-e13" "$out/recut-e"
+PYTHONPATH=. python3 scripts/make_variants.py "$out" > /dev/null  # writes $out/epin among its variants
 diff -u "$K/18_exp_first.cu" "$K/19_smem_epilogue.cu" > "$out/epilogue.diff" || [ $? -eq 1 ]
 for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_uniform_warp; do
   d="$out/recut-e"; [ "$f" = 13_const_desc ] && d="$out/recut-e13"

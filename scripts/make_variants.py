@@ -36,6 +36,7 @@
 * ``sonly10/…``, ``vfirst10/…``, ``latearrive10/…`` and ``sonlytop/…``: rung 10 with its turn placed otherwise (it
   covers S only; V waited for before it; handed over after S completes) and ``sonly`` on the top rung (sixteenth
   session, ``scripts/device_calls.sh ab-10``; all lost against FA3's placement, rung 10's page, "Revisited");
+* ``epin/11_persistent.cu``: ``benchmarks/ab/variants/rung11-epi`` (rung 11 + the staged epilogue) without the turns;
 * ``nopp_ladder/…``: every rung from rung 10 (the turns' rung) to the top without the turns (``nopp``), for the
   question of a ladder whose turns come last (thirteenth session, rung 10's page, "Revisited");
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS of the top rung with wrong results, for timing only:
@@ -388,18 +389,14 @@ def vfirst(src: str) -> str:
     return _sub(src, k_wait, k_wait + wait_v, 1)
 
 
-def latearrive(src: str) -> str:
+def latearrive(src: str, indent: str = " " * 12) -> str:
     """The turn handed to the other warpgroup after this one's S group is complete (after wgmma.wait_group 1)
     rather than right after issuing: the other warpgroup's wgmmas are issued while this one's P·V runs, not
-    while they would queue behind both of its groups."""
-    return _sub(
-        src,
-        "            hop::named_bar_arrive(other_turn, TURN_THREADS);\n"
-        "            hop::wgmma_wait<1>();                                 // the older group, S, is complete\n",
-        "            hop::wgmma_wait<1>();                                 // the older group, S, is complete\n"
-        "            hop::named_bar_arrive(other_turn, TURN_THREADS);\n",
-        1,
-    )
+    while they would queue behind both of its groups. ``indent``: the loop body's (12 spaces in the persistent
+    rungs' work-tile loop, 8 in rung 10's, ``latearrive10``)."""
+    arrive = f"{indent}hop::named_bar_arrive(other_turn, TURN_THREADS);\n"
+    wait = f"{indent}hop::wgmma_wait<1>();                                 // the older group, S, is complete\n"
+    return _sub(src, arrive + wait, wait + arrive, 1)
 
 
 def sonly(src: str) -> str:
@@ -439,14 +436,7 @@ def vfirst10(src: str) -> str:
 def latearrive10(src: str) -> str:
     """Rung 10's loop with ``latearrive``'s order (measured on rung 17 only): the turn handed over after S is
     complete."""
-    return _sub(
-        src,
-        "        hop::named_bar_arrive(other_turn, TURN_THREADS);\n"
-        "        hop::wgmma_wait<1>();                                 // the older group, S, is complete\n",
-        "        hop::wgmma_wait<1>();                                 // the older group, S, is complete\n"
-        "        hop::named_bar_arrive(other_turn, TURN_THREADS);\n",
-        1,
-    )
+    return latearrive(src, indent=" " * 8)
 
 
 def nomax(src: str) -> str:
@@ -589,6 +579,13 @@ def main(out=".ab"):
         for fname, text in extra.items():
             (d / fname).write_text(text)
         print(f"wrote {d}/")
+    # rung 11 + the staged epilogue (benchmarks/ab/variants/rung11-epi) without the turns: issue 13's item 3 on rung 9's
+    # kernel (scripts/device_calls.sh ab-epi11 and recut, scripts/make_recut.sh; sixteenth session)
+    d = Path(out) / "epin"
+    d.mkdir(parents=True, exist_ok=True)
+    epi = Path(__file__).resolve().parents[1] / "benchmarks" / "ab" / "variants" / "rung11-epi" / "11_persistent.cu"
+    (d / epi.name).write_text(nopp(epi.read_text()))
+    print(f"wrote {d}/")
     # every rung with turns, without them, in one folder (``--rungs 9,...,TOP --variant nopp=.ab/nopp_ladder``)
     d = Path(out) / "nopp_ladder"
     d.mkdir(parents=True, exist_ok=True)
