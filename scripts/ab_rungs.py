@@ -64,7 +64,9 @@ def overrides(spec):
     return fields, defines
 
 
-def variants(specs, numbers):
+def variants(specs, numbers, carriers=()):
+    """(label, Rung) of every rung in ``numbers`` and of each variant of it; a rung in ``carriers`` only carries its
+    variants (its own build is not timed)."""
     out, dirs = [], []
     for spec in specs:
         label, _, d = spec.partition("=")
@@ -94,7 +96,8 @@ def variants(specs, numbers):
                 )
                 shutil.copyfile(src, other.source)
                 out.append((f"{new.key}-{label}", other))
-        out.append((f"{new.key}", new))
+        if n not in carriers:
+            out.append((f"{new.key}", new))
     for label, d, _, _ in dirs:  # a variant that matches no rung would silently drop out of the A/B
         if not any(lab == f"{rungs.get(n).key}-{label}" for n in numbers for lab, _ in out):
             raise SystemExit(f"ab_rungs: variant {label!r}: {d} holds none of the rungs' sources ({numbers})")
@@ -216,6 +219,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=DIR[@field=N,MACRO=N,...]")
     ap.add_argument("--rungs", default="4,5,6,7,8")
+    ap.add_argument(
+        "--carriers", default="", help="rungs of --rungs that only carry their variants (their own builds not timed)"
+    )
     ap.add_argument("--out", default="ab_rungs.json")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
@@ -230,7 +236,9 @@ def main():
     )
     ap.add_argument("--shapes", default="16x16x1024,4x16x4096,1x16x16384,1x12x32760", help="BxHxS or BxHxSqxSk, ...")
     args = ap.parse_args()
-    impls = variants(args.variant, [int(x) for x in args.rungs.split(",")])
+    impls = variants(
+        args.variant, [int(x) for x in args.rungs.split(",")], [int(x) for x in args.carriers.split(",") if x]
+    )
     g = torch.Generator(device="cuda").manual_seed(12345)
     err = [] if args.no_errors else errors(impls, g)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]

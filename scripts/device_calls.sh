@@ -43,8 +43,9 @@
 #                                           (make_variants.py sonly10, sonlytop, vfirst10, latearrive10; sixteenth session)
 #   bash scripts/device_calls.sh ab-epi11   (no carry, ~3 min) rung 11 with the top rung's staged epilogue, with and without
 #                                           the turns, against rungs 9-11 with and without them (sixteenth session)
-#   bash scripts/device_calls.sh recut      (~5 min; carry .ab if the machine has no `patch`) the other order of the ladder:
-#                                           ab-epi11's builds and rungs 13-17 with the staged epilogue (make_recut.sh)
+#   bash scripts/device_calls.sh recut      (~5 min; carry .ab if the machine has no `patch`) the other orders of the ladder:
+#                                           ab-epi11's builds and rungs 13-17 with the staged epilogue, with and without
+#                                           the turns (make_recut.sh), the top rung without the turns
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -274,16 +275,18 @@ case "${1:-}" in
       --variant epi=benchmarks/ab/variants/rung11-epi$st --variant epin=.ab/epin$st --rounds 4 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_epi11.json" 2>&1 | tail -24
     ;;
-  recut)   # (~5 min; sixteenth session) the other order of issue 13's ladder (scripts/make_recut.sh; rung 10's page):
-           # rungs 9, 11, 13-17 and the top against rung 11 + the staged epilogue with and without the turns (epi, epin)
-           # and rungs 13-17 + the staged epilogue (e13, e), 4 rounds with the error table. make_recut.sh needs `patch`:
-           # where the machine lacks it, run it here and carry .ab
-    if command -v patch > /dev/null; then bash scripts/make_recut.sh .ab || exit 1; else [ -d .ab/recut-e ] || exit 1; fi
-    st=smem_layout=tma_ring_staged_o
-    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,11,13,14,15,16,17,"$TOP" \
+  recut)   # (~5 min; sixteenth and seventeenth sessions) the two other orders of issue 13's ladder (scripts/make_recut.sh;
+           # rung 10's page): rung 9 and the top rung against rung 11 + the staged epilogue with and without the turns
+           # (epi, epin), rungs 13-17 + the staged epilogue with the turns (e13, e) and without (en13, en), and the top
+           # rung without the turns (nopp); rungs 11, 13-17 only carry their variants. 4 rounds with the error table.
+           # make_recut.sh needs `patch`: where the machine lacks it, run it here and carry .ab
+    if command -v patch > /dev/null; then bash scripts/make_recut.sh .ab || exit 1; else [ -d .ab/recut-en ] || exit 1; fi
+    [ -d .ab/nopptop ] || exit 1
+    st=smem_layout=tma_ring_staged_o; t128=block_n=128,kv_box_rows=128
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,11,13,14,15,16,17,"$TOP" --carriers 11,13,14,15,16,17 \
       --variant epi=benchmarks/ab/variants/rung11-epi@$st --variant epin=.ab/epin@$st \
-      --variant e13=.ab/recut-e13@$st,block_n=128,kv_box_rows=128 \
-      --variant e=.ab/recut-e@$st,block_n=128,kv_box_rows=128 --rounds 4 \
+      --variant e13=.ab/recut-e13@$st,$t128 --variant e=.ab/recut-e@$st,$t128 \
+      --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 --variant nopp=.ab/nopptop --rounds 4 \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_recut.json" 2>&1 | tail -30
     ;;
   diag)

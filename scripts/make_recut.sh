@@ -7,6 +7,8 @@
 #                                 its other variants)
 #   OUT/recut-e13/13_const_desc.cu, OUT/recut-e/{14..17}_*.cu
 #                                 rungs 13-17 with rung 19's diff over rung 18 (the staged epilogue) applied by patch
+#   OUT/recut-en13, OUT/recut-en  the same without the turns (make_variants.py's nopp; seventeenth session): the order
+#                                 with the turns last, rung 9 -> epin -> en13 -> en 14-17 -> nopptop -> the top rung
 # Time them with `scripts/device_calls.sh recut` (its overrides: smem_layout=tma_ring_staged_o, 128-key tiles where a
 # rung had 176; each rung keeps its long-K/V bound, 32 000 keys, so that the P double buffer and the exponentials
 # first, which the three-warpgroup tiles lack, run at 8k and 16k). Rung 12's 176-key tiles do not fit beside the
@@ -16,7 +18,7 @@
 set -euo pipefail
 out=${1:-.ab}
 K=attnclimb/kernels
-mkdir -p "$out/recut-e13" "$out/recut-e"
+mkdir -p "$out/recut-e13" "$out/recut-e" "$out/recut-en13" "$out/recut-en"
 PYTHONPATH=. python3 scripts/make_variants.py "$out" > /dev/null  # writes $out/epin among its variants
 diff -u "$K/18_exp_first.cu" "$K/19_smem_epilogue.cu" > "$out/epilogue.diff" || [ $? -eq 1 ]
 for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_uniform_warp; do
@@ -32,4 +34,16 @@ for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_u
   sed -i "1i // A/B VARIANT (scripts/make_recut.sh), not a rung: $f.cu + rung 19's diff over rung 18 (the epilogue\\
 // through shared memory). The header below is rung 19's; this kernel has rung $((10#${f%%_*}))'s ideas, not the exponentials first." "$d/$f.cu"
 done
-echo "wrote $out/epin $out/recut-e13 $out/recut-e"
+# the turns-last order: the same kernels without the turns
+PYTHONPATH=. python3 - "$out" <<'PY'
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("make_variants", "scripts/make_variants.py")
+mv = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mv)
+out = Path(sys.argv[1])
+for d in ("recut-e13", "recut-e"):
+    for f in (out / d).glob("*.cu"):
+        (out / d.replace("recut-e", "recut-en") / f.name).write_text(mv.nopp(f.read_text()))
+PY
+echo "wrote $out/epin $out/recut-e13 $out/recut-e $out/recut-en13 $out/recut-en"

@@ -1214,7 +1214,7 @@ def test_headline_defaults_to_the_schedule_rungs_and_both_peers():
 
 def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
     """scripts/ab_rungs.py: long_kv_FIELD=N changes that field of the long-K/V tiles only; an unknown field or a
-    rung without long-K/V tiles is an error, not a silent no-op."""
+    rung without long-K/V tiles is an error, not a silent no-op; a rung in ``carriers`` is not timed, its variant is."""
     pytest.importorskip("torch")
     import importlib.util
     import sys
@@ -1248,6 +1248,14 @@ def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
     finally:
         for _, r in out:
             if r is not top:
+                r.source.unlink(missing_ok=True)
+    # --carriers: the rung's variant is timed, the rung itself is not
+    out = ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], [top.number])
+    try:
+        assert [label for label, _ in out] == [rungs.get(top.number - 1).key, f"{top.key}-v"]
+    finally:
+        for _, r in out:
+            if r is not rungs.get(r.number):
                 r.source.unlink(missing_ok=True)
     no_long = next(r for r in rungs.RUNGS if r.long_kv is None and r.abi == "tma")
     (tmp_path / no_long.source.name).write_text(no_long.source.read_text())

@@ -347,19 +347,22 @@ def test_rung11_epi_builds_without_spills(turns):
 @pytest.mark.skipif(__import__("shutil").which("patch") is None, reason="patch not installed")
 def test_make_recut_writes_the_other_order(tmp_path):
     """scripts/make_recut.sh (sixteenth session, ``device_calls.sh recut``): rung 11 + the staged epilogue without
-    turns, and rungs 13-17 with rung 19's epilogue diff applied; each has the epilogue, keeps its turns, and builds
+    turns, and rungs 13-17 with rung 19's epilogue diff applied, with their turns and (seventeenth session, the
+    turns-last order) without; each has the epilogue, has the turns or none of them, and builds
     without spills with the overrides the device call gives it (staged layout, 128-key tiles), its three-warpgroup
     long-K/V tiles too (rungs 14-17)."""
     import dataclasses
+    import itertools
     import subprocess
 
     subprocess.run(["bash", "scripts/make_recut.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     epin = (tmp_path / "epin" / "11_persistent.cu").read_text()
     assert "stmatrix_x4" in epin and "named_bar_" not in epin
-    for n in range(13, 18):
+    for n, turns in itertools.product(range(13, 18), (True, False)):
         r = rungs.get(n)
-        src = (tmp_path / ("recut-e13" if n == 13 else "recut-e") / r.source.name).read_text()
-        assert "stmatrix_x4" in src and "named_bar_sync(my_turn" in src
+        folder = ("recut-e" if turns else "recut-en") + ("13" if n == 13 else "")
+        src = (tmp_path / folder / r.source.name).read_text()
+        assert "stmatrix_x4" in src and ("named_bar_sync(my_turn" in src) == turns and ("named_bar_" in src) == turns
         assert src.count("#if SMEM_EPILOGUE") == 2
         assert src.startswith(f"// A/B VARIANT (scripts/make_recut.sh), not a rung: {r.source.name}")
         b = dataclasses.replace(r, smem_layout="tma_ring_staged_o", block_n=128, kv_box_rows=128)
