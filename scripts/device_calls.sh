@@ -286,7 +286,8 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,11,13,14,15,16,17,"$TOP" --carriers 11,13,14,15,16,17 \
       --variant epi=benchmarks/ab/variants/rung11-epi@$st --variant epin=.ab/epin@$st \
       --variant e13=.ab/recut-e13@$st,$t128 --variant e=.ab/recut-e@$st,$t128 \
-      --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 --variant nopp=.ab/nopptop --rounds 4 \
+      --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 --variant nopp=.ab/nopptop \
+      --rounds "${RECUT_ROUNDS:-4}" \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_recut.json" 2>&1 | tail -30
     ;;
   diag)
