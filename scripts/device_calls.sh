@@ -46,6 +46,7 @@
 #   bash scripts/device_calls.sh recut      (~5 min; carry .ab if the machine has no `patch`) the other orders of the ladder:
 #                                           ab-epi11's builds and rungs 13-17 with the staged epilogue, with and without
 #                                           the turns (make_recut.sh), the top rung without the turns
+#   bash scripts/device_calls.sh recut-first  (no carry, ~1.5 min) recut's first step alone: rung 9 against epin and epi
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -289,6 +290,14 @@ case "${1:-}" in
       --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 --variant nopp=.ab/nopptop \
       --rounds "${RECUT_ROUNDS:-4}" \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_recut.json" 2>&1 | tail -30
+    ;;
+  recut-first)   # (no carry, ~1.5 min; seventeenth session) the first step of both orders of `recut` alone: rung 9
+                 # against rung 11 + the staged epilogue without the turns (epin) and with them (epi), 4 rounds
+    PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1   # .ab/epin among them
+    st=@smem_layout=tma_ring_staged_o
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,11 --carriers 11 --variant epi=benchmarks/ab/variants/rung11-epi$st \
+      --variant epin=.ab/epin$st --rounds "${RECUT_ROUNDS:-4}" --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 \
+      --out "$OUT/ab_recut_first.json" 2>&1 | tail -30
     ;;
   diag)
     shift
