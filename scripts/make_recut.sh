@@ -44,6 +44,7 @@ spec.loader.exec_module(mv)
 out = Path(sys.argv[1])
 for d in ("recut-e13", "recut-e"):
     for f in (out / d).glob("*.cu"):
-        (out / d.replace("recut-e", "recut-en") / f.name).write_text(mv.nopp(f.read_text()))
+        note = "// Without the ping-pong turns (make_variants.py's nopp): the turns-last order.\n"
+        (out / d.replace("recut-e", "recut-en") / f.name).write_text(note + mv.nopp(f.read_text()))
 PY
 echo "wrote $out/epin $out/recut-e13 $out/recut-e $out/recut-en13 $out/recut-en"

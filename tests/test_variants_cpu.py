@@ -364,7 +364,8 @@ def test_make_recut_writes_the_other_order(tmp_path):
         src = (tmp_path / folder / r.source.name).read_text()
         assert "stmatrix_x4" in src and ("named_bar_sync(my_turn" in src) == turns and ("named_bar_" in src) == turns
         assert src.count("#if SMEM_EPILOGUE") == 2
-        assert src.startswith(f"// A/B VARIANT (scripts/make_recut.sh), not a rung: {r.source.name}")
+        head = "" if turns else "// Without the ping-pong turns (make_variants.py's nopp): the turns-last order.\n"
+        assert src.startswith(f"{head}// A/B VARIANT (scripts/make_recut.sh), not a rung: {r.source.name}")
         b = dataclasses.replace(r, smem_layout="tma_ring_staged_o", block_n=128, kv_box_rows=128)
         # the plain tiles, and from rung 14 the three-warpgroup long-K/V tiles that `recut` times at Wan2.1-1.3B
         builds = [b] + ([feature_variant(b, False, False, False, seqlen_k=b.long_kv[0])] if b.long_kv else [])
