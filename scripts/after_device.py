@@ -3,11 +3,14 @@
 DIR is a folder the device tool copied ``$OUT`` into (``files_at``). For each file found there:
 
 * a bench results JSON (``<device>-YYYYMMDD-HHMMSS.json`` with a ``rows`` list; ``latest.json`` is skipped):
-  copied to ``benchmarks/results/`` and, the newest of them, to ``benchmarks/results/latest.json``; then
-  ``python -m attnclimb report`` (README table, rung pages, chart) and ``scripts/update_diff_quotes.py``;
+  from an H200 (the card the README's table is for), copied to ``benchmarks/results/`` and, the newest of them,
+  to ``benchmarks/results/latest.json``, then ``python -m attnclimb report`` (README table, rung pages, chart) and
+  ``scripts/update_diff_quotes.py``; from any other card, copied to ``benchmarks/ab/`` as
+  ``bench-<commit>-<card>-YYYYMMDD.json``, the README left alone;
 * ``timelines.tgz`` (``device_job.sh trace``): its ``rungNN.json`` / ``rungNN.png`` into
   ``docs/figures/timelines/`` (the SVGs are not kept);
-* ``ab_*.json`` (``scripts/ab_rungs.py``): copied to ``benchmarks/ab/`` as ``ab-<name>-h200-<date>.json``;
+* ``ab_*.json`` (``scripts/ab_rungs.py``): copied to ``benchmarks/ab/`` as ``ab-<name>-<commit>-<card>-<date>.json``
+  (the commit and card from the file's ``meta``: ``h200``, ``h100``);
 * ``ncu_*.tgz``: unpacked into ``/tmp/ncu-<label>/`` and summarised with ``scripts/ncu_mix.py`` (the
   source pages are not committed).
 
@@ -36,12 +39,33 @@ def _is_bench(path: Path) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("rows"), list) and "shapes" in doc and "date" in doc
 
 
+def card(device: str | None) -> str:
+    """``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``; ``"gpu"`` when unknown."""
+    for word in (device or "").lower().split():
+        if word[:1] in "abhl" and word[1:].isdigit():
+            return word
+    return "gpu"
+
+
 def main(dirs) -> int:
     benches, todo = [], []
     today = datetime.date.today().strftime("%Y%m%d")
     for d in map(Path, dirs):
         for f in sorted(d.iterdir()):
             if f.suffix == ".json" and _is_bench(f):
+                doc = json.loads(f.read_text())
+                if card(doc.get("device")) != "h200":  # the README's table is an H200 run: keep others beside the A/Bs
+                    date = str(doc["date"])[:10].replace("-", "")
+                    dst = (
+                        ROOT
+                        / "benchmarks"
+                        / "ab"
+                        / f"bench-{str(doc.get('commit'))[:7]}-{card(doc.get('device'))}-{date}.json"
+                    )
+                    shutil.copyfile(f, dst)
+                    print(f"bench results from {doc.get('device')} -> {dst.relative_to(ROOT)} (not latest.json)")
+                    todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")
+                    continue
                 dst = ROOT / "benchmarks" / "results" / f.name
                 shutil.copyfile(f, dst)
                 benches.append(dst)
@@ -56,7 +80,9 @@ def main(dirs) -> int:
                             print(f"timeline -> {(out / name).relative_to(ROOT)}")
                 todo.append("embed new timelines on their rung pages (see rung 12's 'Measured timeline')")
             elif f.name.startswith("ab_") and f.suffix == ".json":
-                dst = ROOT / "benchmarks" / "ab" / f"ab-{f.stem[3:].replace('_', '-')}-h200-{today}.json"
+                meta = json.loads(f.read_text()).get("meta", {})
+                commit, dev = str(meta.get("commit") or "nocommit")[:7], card(meta.get("device"))
+                dst = ROOT / "benchmarks" / "ab" / f"ab-{f.stem[3:].replace('_', '-')}-{commit}-{dev}-{today}.json"
                 shutil.copyfile(f, dst)
                 print(f"A/B -> {dst.relative_to(ROOT)}  (python scripts/ab_table.py {dst.relative_to(ROOT)} A B)")
                 todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")

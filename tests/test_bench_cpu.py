@@ -1262,3 +1262,33 @@ def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="no long-K/V tiles"):
         ab.variants([f"x={tmp_path}@long_kv_block_n=64"], [no_long.number])
     assert not (rungs.KERNEL_DIR / f"{no_long.source.stem}_x.cu").exists()  # raised before copying
+
+
+def test_after_device_names_files_by_card(monkeypatch, tmp_path):
+    """scripts/after_device.py: an A/B's file is named by the commit and card in its meta, and a bench from a card
+    other than the H200 goes beside the A/Bs, never to latest.json (the README's table is an H200 run)."""
+    import datetime as dt
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "after_device", Path(__file__).parents[1] / "scripts" / "after_device.py"
+    )
+    ad = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ad)
+    assert ad.card("NVIDIA H200") == "h200" and ad.card("NVIDIA H100 80GB HBM3") == "h100" and ad.card(None) == "gpu"
+    root, out = tmp_path / "repo", tmp_path / "out"
+    for d in ("benchmarks/ab", "benchmarks/results", "out"):
+        (root / d).mkdir(parents=True)
+    out.mkdir()
+    monkeypatch.setattr(ad, "ROOT", root)
+    h100 = "NVIDIA H100 80GB HBM3"
+    (out / "ab_recut.json").write_text(json.dumps({"meta": {"device": h100, "commit": "40ea14bcafe"}, "tflops": []}))
+    bench = {"device": h100, "commit": "abcdef0123", "date": "2026-12-07T01:02:03+00:00", "rows": [], "shapes": []}
+    (out / "h100-20261207-010203.json").write_text(json.dumps(bench))
+    assert ad.main([out]) == 0
+    today = dt.date.today().strftime("%Y%m%d")
+    assert sorted(p.name for p in (root / "benchmarks" / "ab").iterdir()) == [
+        f"ab-recut-40ea14b-h100-{today}.json",
+        "bench-abcdef0-h100-20261207.json",
+    ]
+    assert not any((root / "benchmarks" / "results").iterdir())
