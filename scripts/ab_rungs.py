@@ -101,6 +101,9 @@ def variants(specs, numbers, carriers=()):
     for label, d, _, _ in dirs:  # a variant that matches no rung would silently drop out of the A/B
         if not any(lab == f"{rungs.get(n).key}-{label}" for n in numbers for lab, _ in out):
             raise SystemExit(f"ab_rungs: variant {label!r}: {d} holds none of the rungs' sources ({numbers})")
+    for n in carriers:  # a carrier with no variant would silently drop out of the A/B too
+        if n not in numbers or not any(lab.startswith(f"{rungs.get(n).key}-") for lab, _ in out):
+            raise SystemExit(f"ab_rungs: carrier {n}: not in --rungs, or no variant holds its source")
     return out
 
 

@@ -6,7 +6,7 @@ DIR is a folder the device tool copied ``$OUT`` into (``files_at``). For each fi
   from an H200 (the card the README's table is for), copied to ``benchmarks/results/`` and, the newest of them,
   to ``benchmarks/results/latest.json``, then ``python -m attnclimb report`` (README table, rung pages, chart) and
   ``scripts/update_diff_quotes.py``; from any other card, copied to ``benchmarks/ab/`` as
-  ``bench-<commit>-<card>-YYYYMMDD.json``, the README left alone;
+  ``bench-<commit>-<card>-YYYYMMDD-HHMMSS.json``, the README left alone;
 * ``timelines.tgz`` (``device_job.sh trace``): its ``rungNN.json`` / ``rungNN.png`` into
   ``docs/figures/timelines/`` (the SVGs are not kept);
 * ``ab_*.json`` (``scripts/ab_rungs.py``): copied to ``benchmarks/ab/`` as ``ab-<name>-<commit>-<card>-<date>.json``
@@ -47,6 +47,21 @@ def card(device: str | None) -> str:
     return "gpu"
 
 
+def short_commit(commit) -> str:
+    """``"40ea14bcafe-dirty"`` -> ``"40ea14b-dirty"``; ``"nocommit"`` when the file has none."""
+    if not commit:
+        return "nocommit"
+    head, dirty, _ = str(commit).partition("-dirty")
+    return head[:7] + ("-dirty" if dirty else "")
+
+
+def _copy_new(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst``; a ``dst`` with other contents is never overwritten (SystemExit)."""
+    if dst.exists() and dst.read_bytes() != src.read_bytes():
+        raise SystemExit(f"after_device: {dst} exists already with other contents; move it or rename {src}")
+    shutil.copyfile(src, dst)
+
+
 def main(dirs) -> int:
     benches, todo = [], []
     today = datetime.date.today().strftime("%Y%m%d")
@@ -55,14 +70,10 @@ def main(dirs) -> int:
             if f.suffix == ".json" and _is_bench(f):
                 doc = json.loads(f.read_text())
                 if card(doc.get("device")) != "h200":  # the README's table is an H200 run: keep others beside the A/Bs
-                    date = str(doc["date"])[:10].replace("-", "")
-                    dst = (
-                        ROOT
-                        / "benchmarks"
-                        / "ab"
-                        / f"bench-{str(doc.get('commit'))[:7]}-{card(doc.get('device'))}-{date}.json"
-                    )
-                    shutil.copyfile(f, dst)
+                    stamp = datetime.datetime.fromisoformat(str(doc["date"])).strftime("%Y%m%d-%H%M%S")
+                    name = f"bench-{short_commit(doc.get('commit'))}-{card(doc.get('device'))}-{stamp}.json"
+                    dst = ROOT / "benchmarks" / "ab" / name
+                    _copy_new(f, dst)
                     print(f"bench results from {doc.get('device')} -> {dst.relative_to(ROOT)} (not latest.json)")
                     todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")
                     continue
@@ -81,9 +92,9 @@ def main(dirs) -> int:
                 todo.append("embed new timelines on their rung pages (see rung 12's 'Measured timeline')")
             elif f.name.startswith("ab_") and f.suffix == ".json":
                 meta = json.loads(f.read_text()).get("meta", {})
-                commit, dev = str(meta.get("commit") or "nocommit")[:7], card(meta.get("device"))
+                commit, dev = short_commit(meta.get("commit")), card(meta.get("device"))
                 dst = ROOT / "benchmarks" / "ab" / f"ab-{f.stem[3:].replace('_', '-')}-{commit}-{dev}-{today}.json"
-                shutil.copyfile(f, dst)
+                _copy_new(f, dst)
                 print(f"A/B -> {dst.relative_to(ROOT)}  (python scripts/ab_table.py {dst.relative_to(ROOT)} A B)")
                 todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")
             elif f.name.startswith("ncu_") and f.name.endswith(".tgz"):

@@ -1257,6 +1257,13 @@ def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
         for _, r in out:
             if r is not rungs.get(r.number):
                 r.source.unlink(missing_ok=True)
+    for carriers in ([top.number - 1], [top.number - 2]):  # a carrier with no variant, or not among the rungs
+        with pytest.raises(SystemExit, match="carrier"):
+            try:
+                out = ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], carriers)
+            finally:
+                for n in (top.number - 1, top.number):
+                    (rungs.KERNEL_DIR / f"{rungs.get(n).source.stem}_v.cu").unlink(missing_ok=True)
     no_long = next(r for r in rungs.RUNGS if r.long_kv is None and r.abi == "tma")
     (tmp_path / no_long.source.name).write_text(no_long.source.read_text())
     with pytest.raises(SystemExit, match="no long-K/V tiles"):
@@ -1285,10 +1292,21 @@ def test_after_device_names_files_by_card(monkeypatch, tmp_path):
     (out / "ab_recut.json").write_text(json.dumps({"meta": {"device": h100, "commit": "40ea14bcafe"}, "tflops": []}))
     bench = {"device": h100, "commit": "abcdef0123", "date": "2026-12-07T01:02:03+00:00", "rows": [], "shapes": []}
     (out / "h100-20261207-010203.json").write_text(json.dumps(bench))
+    h200 = {**bench, "device": "NVIDIA H200", "date": "2026-12-07T02:00:00+00:00"}
+    (out / "h200-20261207-020000.json").write_text(json.dumps(h200))
+    ran = []
+    monkeypatch.setattr(ad.subprocess, "run", lambda cmd, **kw: ran.append(cmd))  # the report and the diff quotes
     assert ad.main([out]) == 0
     today = dt.date.today().strftime("%Y%m%d")
     assert sorted(p.name for p in (root / "benchmarks" / "ab").iterdir()) == [
         f"ab-recut-40ea14b-h100-{today}.json",
-        "bench-abcdef0-h100-20261207.json",
+        "bench-abcdef0-h100-20261207-010203.json",
     ]
-    assert not any((root / "benchmarks" / "results").iterdir())
+    results = root / "benchmarks" / "results"
+    assert sorted(p.name for p in results.iterdir()) == ["h200-20261207-020000.json", "latest.json"]
+    assert json.loads((results / "latest.json").read_text())["device"] == "NVIDIA H200" and len(ran) == 2
+    assert ad.main([out]) == 0  # the same files again: nothing changes
+    (out / "ab_recut.json").write_text(json.dumps({"meta": {"device": h100, "commit": "40ea14b"}, "tflops": [1]}))
+    with pytest.raises(SystemExit, match="other contents"):  # another run of the same name is never overwritten
+        ad.main([out])
+    assert ad.short_commit("40ea14bcafe-dirty") == "40ea14b-dirty" and ad.short_commit(None) == "nocommit"
