@@ -26,6 +26,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from attnclimb.bench.run import device_slug  # the bench results' own file-name slug
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,14 +39,6 @@ def _is_bench(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and isinstance(doc.get("rows"), list) and "shapes" in doc and "date" in doc
-
-
-def card(device: str | None) -> str:
-    """``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``; ``"gpu"`` when unknown."""
-    for word in (device or "").lower().split():
-        if word[:1] in "abhl" and word[1:].isdigit():
-            return word
-    return "gpu"
 
 
 def short_commit(commit) -> str:
@@ -69,9 +63,11 @@ def main(dirs) -> int:
         for f in sorted(d.iterdir()):
             if f.suffix == ".json" and _is_bench(f):
                 doc = json.loads(f.read_text())
-                if card(doc.get("device")) != "h200":  # the README's table is an H200 run: keep others beside the A/Bs
+                if (
+                    device_slug(doc.get("device")) != "h200"
+                ):  # the README's table is an H200 run: keep others beside the A/Bs
                     stamp = datetime.datetime.fromisoformat(str(doc["date"])).strftime("%Y%m%d-%H%M%S")
-                    name = f"bench-{short_commit(doc.get('commit'))}-{card(doc.get('device'))}-{stamp}.json"
+                    name = f"bench-{short_commit(doc.get('commit'))}-{device_slug(doc.get('device'))}-{stamp}.json"
                     dst = ROOT / "benchmarks" / "ab" / name
                     _copy_new(f, dst)
                     print(f"bench results from {doc.get('device')} -> {dst.relative_to(ROOT)} (not latest.json)")
@@ -92,7 +88,7 @@ def main(dirs) -> int:
                 todo.append("embed new timelines on their rung pages (see rung 12's 'Measured timeline')")
             elif f.name.startswith("ab_") and f.suffix == ".json":
                 meta = json.loads(f.read_text()).get("meta", {})
-                commit, dev = short_commit(meta.get("commit")), card(meta.get("device"))
+                commit, dev = short_commit(meta.get("commit")), device_slug(meta.get("device"))
                 dst = ROOT / "benchmarks" / "ab" / f"ab-{f.stem[3:].replace('_', '-')}-{commit}-{dev}-{today}.json"
                 _copy_new(f, dst)
                 print(f"A/B -> {dst.relative_to(ROOT)}  (python scripts/ab_table.py {dst.relative_to(ROOT)} A B)")

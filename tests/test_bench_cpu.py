@@ -1282,7 +1282,8 @@ def test_after_device_names_files_by_card(monkeypatch, tmp_path):
     )
     ad = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ad)
-    assert ad.card("NVIDIA H200") == "h200" and ad.card("NVIDIA H100 80GB HBM3") == "h100" and ad.card(None) == "gpu"
+    assert ad.device_slug("NVIDIA H200") == "h200" and ad.device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert ad.device_slug(None) == "gpu"
     root, out = tmp_path / "repo", tmp_path / "out"
     for d in ("benchmarks/ab", "benchmarks/results", "out"):
         (root / d).mkdir(parents=True)
