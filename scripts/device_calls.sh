@@ -47,6 +47,8 @@
 #                                           ab-epi11's builds and rungs 13-17 with the staged epilogue, with and without
 #                                           the turns (make_recut.sh), the top rung without the turns
 #   bash scripts/device_calls.sh recut-first  (no carry, ~1.5 min) recut's first step alone: rung 9 against epin and epi
+#   bash scripts/device_calls.sh recut-last   (~3 min; carry .ab if the machine has no `patch`) the turns-last order alone,
+#                                           8 rounds, with the top rung's long-K/V bound at 6 144 and 32 000 keys
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
 #   bash scripts/device_calls.sh ladder-nopp / d64-ncu / stage q3 / d64-fa4   (carry .peers/q1 / q2 / q3 / q4, back to back) the ladder
 #                                           without turns; Nsight Compute of the top rung and FA4 at head_dim 64 (thirteenth session)
@@ -290,6 +292,17 @@ case "${1:-}" in
       --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 --variant nopp=.ab/nopptop \
       --rounds "${RECUT_ROUNDS:-4}" \
       --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_recut.json" 2>&1 | tail -30
+    ;;
+  recut-last)   # (~3 min; eighteenth session) the turns-last order alone, 8 rounds: rung 9, epin, rungs 13-17 + the staged
+                # epilogue without the turns (en13, en), the top rung without them with its long-K/V tiles from 6 144 keys
+                # (nopp) and from 32 000 (nopp2: the two-warpgroup tiles at 8k and 16k), the top rung with its tiles from
+                # 32 000 (pp2: the turns alone) and as it is (the turns and the three-warpgroup tiles from 6 144 keys)
+    if command -v patch > /dev/null; then bash scripts/make_recut.sh .ab > /dev/null || exit 1; else [ -d .ab/recut-en ] || exit 1; fi
+    st=smem_layout=tma_ring_staged_o; t128=block_n=128,kv_box_rows=128
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs 9,11,13,14,15,16,17,"$TOP" --carriers 11,13,14,15,16,17 \
+      --variant epin=.ab/epin@$st --variant en13=.ab/recut-en13@$st,$t128 --variant en=.ab/recut-en@$st,$t128 \
+      --variant nopp=.ab/nopptop --variant nopp2=.ab/nopptop@long_kv_from=32000 --variant pp2=.ab/base@long_kv_from=32000 \
+      --rounds "${RECUT_ROUNDS:-8}" --no-errors --shapes 4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_recut_last.json" 2>&1 | tail -8
     ;;
   recut-first)   # (no carry, ~1.5 min; seventeenth session) the first step of both orders of `recut` alone: rung 9
                  # against rung 11 + the staged epilogue without the turns (epin) and with them (epi), 4 rounds
