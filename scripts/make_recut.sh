@@ -9,6 +9,9 @@
 #                                 rungs 13-17 with rung 19's diff over rung 18 (the staged epilogue) applied by patch
 #   OUT/recut-en13, OUT/recut-en  the same without the turns (make_variants.py's nopp; seventeenth session): the order
 #                                 with the turns last, rung 9 -> epin -> en13 -> en 14-17 -> nopptop -> the top rung
+#   OUT/recut-e12, OUT/recut-en12 rung 12 the same way (eighteenth session): with 128-key tiles, the kernel a re-cut's
+#                                 first rung would be (persistent grid + staged epilogue, and rung 12's compile-time
+#                                 features); its plain build is epin's machine code up to the prologue's order
 # Time them with `scripts/device_calls.sh recut` (its overrides: smem_layout=tma_ring_staged_o, 128-key tiles where a
 # rung had 176; each rung keeps its long-K/V bound, 32 000 keys, so that the P double buffer and the exponentials
 # first, which the three-warpgroup tiles lack, run at 8k and 16k). Rung 12's 176-key tiles do not fit beside the
@@ -18,11 +21,11 @@
 set -euo pipefail
 out=${1:-.ab}
 K=attnclimb/kernels
-mkdir -p "$out/recut-e13" "$out/recut-e" "$out/recut-en13" "$out/recut-en"
+mkdir -p "$out/recut-e12" "$out/recut-e13" "$out/recut-e" "$out/recut-en12" "$out/recut-en13" "$out/recut-en"
 PYTHONPATH=. python3 scripts/make_variants.py "$out" > /dev/null  # writes $out/epin among its variants
 diff -u "$K/18_exp_first.cu" "$K/19_smem_epilogue.cu" > "$out/epilogue.diff" || [ $? -eq 1 ]
-for f in 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_uniform_warp; do
-  d="$out/recut-e"; [ "$f" = 13_const_desc ] && d="$out/recut-e13"
+for f in 12_wide_tiles 13_const_desc 14_lazy_rescale 15_kept_reference 16_p_double_buffer 17_uniform_warp; do
+  d="$out/recut-e"; [ "$f" = 13_const_desc ] && d="$out/recut-e13"; [ "$f" = 12_wide_tiles ] && d="$out/recut-e12"
   cp "$K/$f.cu" "$d/"
   patch -s --no-backup-if-mismatch -F3 "$d/$f.cu" < "$out/epilogue.diff"
   # the fuzz lets the header's hunk apply over another header: check that exactly the diff's lines changed
@@ -42,9 +45,9 @@ spec = importlib.util.spec_from_file_location("make_variants", "scripts/make_var
 mv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mv)
 out = Path(sys.argv[1])
-for d in ("recut-e13", "recut-e"):
+for d in ("recut-e12", "recut-e13", "recut-e"):
     for f in (out / d).glob("*.cu"):
         note = "// Without the ping-pong turns (make_variants.py's nopp): the turns-last order.\n"
         (out / d.replace("recut-e", "recut-en") / f.name).write_text(note + mv.nopp(f.read_text()))
 PY
-echo "wrote $out/epin $out/recut-e13 $out/recut-e $out/recut-en13 $out/recut-en"
+echo "wrote $out/epin $out/recut-e12 $out/recut-e13 $out/recut-e $out/recut-en12 $out/recut-en13 $out/recut-en"

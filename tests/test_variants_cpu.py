@@ -347,10 +347,10 @@ def test_rung11_epi_builds_without_spills(turns):
 @pytest.mark.skipif(__import__("shutil").which("patch") is None, reason="patch not installed")
 def test_make_recut_writes_the_other_order(tmp_path):
     """scripts/make_recut.sh (sixteenth session, ``device_calls.sh recut``): rung 11 + the staged epilogue without
-    turns, and rungs 13-17 with rung 19's epilogue diff applied, with their turns and (seventeenth session, the
-    turns-last order) without; each has the epilogue, has the turns or none of them, and builds
-    without spills with the overrides the device call gives it (staged layout, 128-key tiles), its three-warpgroup
-    long-K/V tiles too (rungs 14-17)."""
+    turns, and rungs 12-17 (12 since the eighteenth session) with rung 19's epilogue diff applied, with their turns
+    and (seventeenth session, the turns-last order) without; each has the epilogue, has the turns or none of them,
+    and builds without spills with the overrides the device call gives it (staged layout, 128-key tiles), its
+    three-warpgroup long-K/V tiles too (rungs 14-17)."""
     import dataclasses
     import itertools
     import subprocess
@@ -358,9 +358,9 @@ def test_make_recut_writes_the_other_order(tmp_path):
     subprocess.run(["bash", "scripts/make_recut.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     epin = (tmp_path / "epin" / "11_persistent.cu").read_text()
     assert "stmatrix_x4" in epin and "named_bar_" not in epin
-    for n, turns in itertools.product(range(13, 18), (True, False)):
+    for n, turns in itertools.product(range(12, 18), (True, False)):
         r = rungs.get(n)
-        folder = ("recut-e" if turns else "recut-en") + ("13" if n == 13 else "")
+        folder = ("recut-e" if turns else "recut-en") + (str(n) if n in (12, 13) else "")
         src = (tmp_path / folder / r.source.name).read_text()
         assert "stmatrix_x4" in src and ("named_bar_sync(my_turn" in src) == turns and ("named_bar_" in src) == turns
         assert src.count("#if SMEM_EPILOGUE") == 2
@@ -374,3 +374,33 @@ def test_make_recut_writes_the_other_order(tmp_path):
             assert SERIALIZED_WGMMA not in c.log, c.log
             for res in c.resources:
                 assert res.spill_bytes == 0 and res.stack_frame == 0, (n, build.block_m, c.log)
+
+
+@pytest.mark.skipif(__import__("shutil").which("patch") is None, reason="patch not installed")
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+def test_recut_en12_is_epin_machine_code(tmp_path):
+    """Eighteenth session: rung 12 + the staged epilogue without the turns, with 128-key tiles (``recut-en12``, the
+    first rung of a turns-last re-cut: it also carries rung 12's compile-time features) builds the machine code of
+    ``epin`` (rung 11 + the staged epilogue without the turns, the build that was timed): the same instructions,
+    as many of each opcode, at most a few dozen lines placed or allocated otherwise (the prologue's). So the A/B
+    figures of ``epin`` stand for it."""
+    import dataclasses
+    import difflib
+    import subprocess
+
+    subprocess.run(["bash", "scripts/make_recut.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+
+    def code(n, folder, **tiles):
+        r = rungs.get(n)
+        r = dataclasses.replace(r, smem_layout="tma_ring_staged_o", **tiles)
+        c = compile_source(r, (tmp_path / folder / r.source.name).read_text())
+        for res in c.resources:
+            assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;", sass(c.cubin))]
+
+    epin, en12 = code(11, "epin"), code(12, "recut-en12", block_n=128, kv_box_rows=128)
+    assert len(epin) == len(en12) > 1000
+    assert Counter(x.split()[0] for x in epin) == Counter(x.split()[0] for x in en12)
+    diff = difflib.unified_diff(epin, en12, lineterm="", n=0)
+    moved = [ln for ln in diff if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    assert len(moved) <= 40, moved
