@@ -11,7 +11,8 @@
 #                                 with the turns last, rung 9 -> epin -> en13 -> en 14-17 -> nopptop -> the top rung
 #   OUT/recut-e12, OUT/recut-en12 rung 12 the same way (eighteenth session): with 128-key tiles, the kernel a re-cut's
 #                                 first rung would be (persistent grid + staged epilogue, and rung 12's compile-time
-#                                 features); its plain build is epin's machine code up to the prologue's order
+#                                 features); its plain build is epin's machine code, a few prologue lines placed or
+#                                 allocated otherwise
 # Time them with `scripts/device_calls.sh recut` (its overrides: smem_layout=tma_ring_staged_o, 128-key tiles where a
 # rung had 176; each rung keeps its long-K/V bound, 32 000 keys, so that the P double buffer and the exponentials
 # first, which the three-warpgroup tiles lack, run at 8k and 16k). Rung 12's 176-key tiles do not fit beside the
