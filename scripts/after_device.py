@@ -63,11 +63,10 @@ def main(dirs) -> int:
         for f in sorted(d.iterdir()):
             if f.suffix == ".json" and _is_bench(f):
                 doc = json.loads(f.read_text())
-                if (
-                    device_slug(doc.get("device")) != "h200"
-                ):  # the README's table is an H200 run: keep others beside the A/Bs
+                dev = device_slug(doc.get("device"))
+                if dev != "h200":  # the README's table is an H200 run: keep others beside the A/Bs
                     stamp = datetime.datetime.fromisoformat(str(doc["date"])).strftime("%Y%m%d-%H%M%S")
-                    name = f"bench-{short_commit(doc.get('commit'))}-{device_slug(doc.get('device'))}-{stamp}.json"
+                    name = f"bench-{short_commit(doc.get('commit'))}-{dev}-{stamp}.json"
                     dst = ROOT / "benchmarks" / "ab" / name
                     _copy_new(f, dst)
                     print(f"bench results from {doc.get('device')} -> {dst.relative_to(ROOT)} (not latest.json)")
