@@ -82,7 +82,7 @@ def sass_body(text: str) -> list:
     """The instruction lines of ``cuobjdump -sass`` output (those that start with an address comment)."""
     import re
 
-    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]  # 5 digits past 0xffff
 
 
 def sass_digest(cubin: bytes) -> str:
