@@ -12,7 +12,7 @@ import pytest
 from attnclimb import rungs
 from attnclimb.runtime.compiler import SERIALIZED_WGMMA, compile_rung, compile_source
 from attnclimb.runtime.launch import feature_variant
-from attnclimb.runtime.sass import find_cuobjdump, sass, sass_body
+from attnclimb.runtime.sass import find_cuobjdump, sass, sass_instructions
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = rungs.get(14)  # make_variants.VARIANTS_OF: the rung the measured variants rewrite
@@ -396,7 +396,7 @@ def test_recut_en12_is_epin_machine_code(tmp_path):
         c = compile_source(r, (tmp_path / folder / r.source.name).read_text())
         for res in c.resources:
             assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
-        return [re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip() for ln in sass_body(sass(c.cubin))]
+        return sass_instructions(c.cubin)
 
     epin, en12 = code(11, "epin"), code(12, "recut-en12", block_n=128, kv_box_rows=128)
     assert len(epin) == len(en12) > 1000

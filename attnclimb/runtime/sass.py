@@ -85,16 +85,20 @@ def sass_body(text: str) -> list:
     return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]  # 5 digits past 0xffff
 
 
-def sass_digest(cubin: bytes) -> str:
-    """A 12-hex-digit digest of the instructions of ``cubin`` (mnemonics, operands, branch targets; not
-    the addresses nor the encodings' scheduling bits): what ``scripts/sass_stats.py --hash`` prints.
-    Needs cuobjdump (:func:`sass`)."""
-    import hashlib
+def sass_instructions(cubin: bytes) -> list:
+    """The instructions of ``cubin`` in order, one string each (mnemonic, operands, branch targets; without the
+    address comments and the encodings' scheduling bits). Needs cuobjdump (:func:`sass`)."""
     import re
 
-    body = sass_body(sass(cubin))
-    code = "\n".join(re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip() for ln in body)
-    return hashlib.sha256(code.encode()).hexdigest()[:12]
+    return [re.sub(r"/\*[0-9a-f]+\*/", "", ln).split(";")[0].strip() for ln in sass_body(sass(cubin))]
+
+
+def sass_digest(cubin: bytes) -> str:
+    """A 12-hex-digit digest of :func:`sass_instructions` of ``cubin``: what ``scripts/sass_stats.py --hash``
+    prints. Needs cuobjdump (:func:`sass`)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sass_instructions(cubin)).encode()).hexdigest()[:12]
 
 
 def code_sections(cubin: bytes) -> dict:
