@@ -47,7 +47,7 @@ class Rung:
             ``"lse"``, ``"strided"``, ``"fp16"`` (macros ``CAUSAL``, ``GQA``, ``WRITE_LSE``, ``STRIDED``, ``FP16``:
             fp16 Q, K, V and O instead of bf16); such a kernel takes
             six more arguments, ``heads_q``, ``kv_group``, ``lse`` and O's batch, head and row strides
-            (``docs/kernel-abi.md``). Rungs 12, 13 and 14 (the top rung) have them; the lower rungs are left as
+            (``docs/kernel-abi.md``). Rungs 10 and up have them; the lower rungs are left as
             they are.
         head_dim: ``HEAD_DIM`` the kernel is compiled for (128 on every rung of the ladder).
         head_dims: the other head dims the kernel can be compiled for, each with the ``Rung`` fields its
@@ -59,7 +59,7 @@ class Rung:
             compile with these ``Rung`` fields instead (tile sizes: short causal rows waste more of a wide
             tile above the diagonal); ``None``: one causal tile for every length.
         long_kv: ``(min_seqlen_k, fields)``: non-causal calls of ``head_dim`` with ``seqlen_k >= min_seqlen_k``
-            compile with these ``Rung`` fields instead (rung 14: three consumer warpgroups, 192-row tiles and
+            compile with these ``Rung`` fields instead (rungs 12-16: three consumer warpgroups, 192-row tiles and
             80-key K/V tiles, which win only where a work tile has many K/V tiles); ``None``: one tile for all.
         l2_promotion: the L2 fetch size its TMA tensor maps ask for on a miss, in bytes (0: none, the default;
             64, 128 or 256: ``CU_TENSOR_MAP_L2_PROMOTION_L2_*``, CUDA Driver API ``cuTensorMapEncodeTiled``).
@@ -178,99 +178,89 @@ SMEM_LAYOUTS = {
     "swizzled_ring": lambda bm, bn, st, d=HEAD_DIM: _tile_bytes(bm, d) + st * 2 * _tile_bytes(bn, d),
     # rungs 5+: the same behind 1 KB of alignment slack
     "tma_ring": tma_smem_bytes,
-    # rung 18+: and a BLOCK_M x head_dim staging tile for O where it fits (head_dim <= 128; SMEM_EPILOGUE)
+    # rungs 10+: and a BLOCK_M x head_dim staging tile for O where it fits (head_dim <= 128; SMEM_EPILOGUE)
     "tma_ring_staged_o": lambda bm, bn, st, d=HEAD_DIM: (
         tma_smem_bytes(bm, bn, st, d) + (bm * d * BF16_BYTES if d <= 128 else 0)
     ),
 }
 
 
-# Rungs 12-15: each entry is the one below it with only what its own idea changes (RUNGS lists them in order).
-# BLOCK_N 176 = 11 k16 steps of P.V; 2 stages: 1024 + 32 KB + 2 x 2 x 44 KB = 214016 B.
-_WIDE_TILES = Rung(
-    12,
-    "wide_tiles",
-    "K/V tiles of 176 keys (BLOCK_N 176): fewer, longer wgmmas per softmax",
+# Rungs 10-16: each entry is the one below it with only what its own idea changes (RUNGS lists them in order).
+# Rung 10: the persistent grid and the staged epilogue, with the compile-time features. 128-key tiles, 2 stages:
+# 1 024 + 32 KB (Q) + 2 x 2 x 32 KB (K/V ring) + 32 KB (O staging) = 197 632 B of shared memory.
+_PERSISTENT_EPILOGUE = Rung(
+    10,
+    "persistent_epilogue",
+    "a persistent grid (next Q and K/V load under the last P.V) and O stored through shared memory in whole lines",
     "tma",
     block_m=128,
-    block_n=176,
+    block_n=128,
     threads=384,
-    smem_layout="tma_ring",
+    smem_layout="tma_ring_staged_o",
     extra_defines={"NUM_STAGES": 2},
     q_box_rows=128,
-    kv_box_rows=176,
-    sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
+    kv_box_rows=128,
+    sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
     persistent=True,
     features=("causal", "gqa", "lse", "strided", "fp16"),
-    # head_dim 64: the same tiles (S 88 + P 44 + O 32 registers); 256: O takes 128 registers, so 64-key
-    # tiles (S 32 + P 16), 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B of shared memory.
+    # head_dim 64: the same tiles; 256: O takes 128 registers, so 64-key tiles (S 32 + P 16 registers),
+    # 1 024 + 64 KB + 2 x 2 x 32 KB = 197 632 B, and no staging tile (it would not fit: SMEM_EPILOGUE 0).
     head_dims={64: {}, 256: {"block_n": 64, "kv_box_rows": 64}},
-    # causal up to 2k keys: 128-key tiles, aligned with the 128-row m-blocks (one diagonal tile per
-    # m-block, none half above it); measured 396 vs 348 TFLOP/s at 1k, equal at 4k, 2 % behind at 16k
-    # (benchmarks/ab/ab-causal-tiles-h200.json)
-    causal_short=(2048, {"block_n": 128, "kv_box_rows": 128}),
 )
 
-# Rung 12's kernel with its wgmma descriptors built once and advanced by constant adds: the same tiles,
-# features, head_dims and causal tiles (the kernel source changes, not the launch).
+# Rung 10's kernel with its wgmma descriptors built once and advanced by constant adds (the kernel source
+# changes, not the launch).
 _CONST_DESC = replace(
-    _WIDE_TILES,
-    number=13,
+    _PERSISTENT_EPILOGUE,
+    number=11,
     name="const_desc",
     idea="wgmma descriptors built once per slot and advanced by constant adds of their start-address field",
 )
 
-# Rung 13's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more
-# than 2^8 in P, and a warp skips the O rescale when no row of it changed (a vote). Same launch, except at
-# head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
-# (S 64 + P 32 + O 32 registers); its fp16 variant keeps the two-warpgroup tiles, where its slow path has
-# the registers it needs (with 160 it spills 4 bytes). Rung 14's page, "head_dim 64: three consumer
-# warpgroups".
+# Rung 11's kernel with a lazy rescale: a row keeps its softmax reference until its max grows by more than 2^8 in
+# P, a warp skips the O rescale when no row of it changed (a vote), and a warp whose rows all keep their references
+# skips the row-max reduction (own-column maxima against a per-row limit, one vote). Same launch, except:
+# - head_dim 64: three consumer warpgroups (192-row tiles, 512 threads, 160 registers each) and 128-key tiles
+#   (S 64 + P 32 + O 32 registers); the fp16 variant keeps the two-warpgroup tiles, where its slow path has the
+#   registers it needs (rung 12's page, "head_dim 64: three consumer warpgroups");
+# - non-causal from 32 000 keys: three consumer warpgroups with 80-key K/V tiles (S 40 + P 20 + O 64 registers),
+#   which win only where a work tile has many K/V tiles (rung 12's page, "Long K/V").
 _LAZY_RESCALE = replace(
     _CONST_DESC,
-    number=14,
+    number=12,
     name="lazy_rescale",
-    idea="a row keeps its softmax reference until P would exceed 2^8; a warp skips the O rescale when no row's changed",
+    idea=(
+        "a row keeps its softmax reference until P would exceed 2^8; warps whose rows all keep theirs skip the"
+        " row-max reduction and the O rescale"
+    ),
     sass_required=(*_CONST_DESC.sass_required, "VOTE"),
     head_dims={
         64: {"block_m": 192, "threads": 512, "block_n": 128, "kv_box_rows": 128, "q_box_rows": 192},
         256: {"block_n": 64, "kv_box_rows": 64},
     },
     fp16_head_dims={64: {}},
-    # non-causal from 32 000 keys: three consumer warpgroups (192-row tiles, 160 registers each) with 80-key
-    # K/V tiles (S 40 + P 20 + O 64 registers); measured +2 to +5 % from 32 760 keys, 0 at 16k, -1 % at 8k,
-    # -8 % at 1k (rung 14's page, "Long K/V: three warpgroups at head_dim 128")
     long_kv=(32000, {"block_m": 192, "threads": 512, "block_n": 80, "kv_box_rows": 80, "q_box_rows": 192}),
 )
 
-
-# Rung 15's kernel with P in two A-fragment buffers, packed under the previous tile's P·V: the second buffer
-# needs BLOCK_N / 4 registers, so head_dim 128 takes 128-key tiles (176 spill); the three-warpgroup tiles
-# (head_dim 64, long K/V) keep one buffer (P_DOUBLE_BUFFER 0 in the kernel) and rung 15's tiles.
+# Rung 12's kernel with P in two A-fragment buffers, packed under the previous tile's P.V (the three-warpgroup
+# tiles keep one: P_DOUBLE_BUFFER 0 in the kernel). Rung 12's launch in every respect.
 _P_DOUBLE_BUFFER = replace(
     _LAZY_RESCALE,
-    number=16,
+    number=13,
     name="p_double_buffer",
     idea="P in two A-fragment buffers: the softmax packs P_j while P_{j-1}·V_{j-1} still reads the other",
-    block_n=128,
-    kv_box_rows=128,
 )
 
-# Rung 18's kernel with O staged in shared memory (stmatrix) and stored as whole 16-byte chunks per lane: the
-# same tiles, features and head_dims; a BLOCK_M x head_dim staging tile where it fits (head_dim <= 128: 32 KB
-# at 128, 197 632 B in all; head_dim 256 keeps rung 18's stores and layout, so its build has no STSM, which is
-# why STSM is not in sass_required: tests/test_build_cpu.py counts it in the plain kernel). 34 816 B of the
-# 227 KB are left at head_dim 128: 176-key tiles or 3 stages no longer fit there. Its long-K/V tiles start at
-# 6 144 keys, not 32 000 (a launch retune, seventh session, measured on the kernel that was rung 18 then: rung 17 +
-# this epilogue): over its two-warpgroup 128 x 128 tiles the
-# three-warpgroup 192 x 80 tiles measured -1.6 / -1.7 % at 4k, +4.0 % at 6k, +2.0 / +2.0 % at 8k, +3.0 / +3.4 %
-# at 16k and +5.5 % at B2 H32 8k (benchmarks/ab/ab-18b-*.json, ab-wg3-*.json; rung 19's page).
-_SMEM_EPILOGUE = replace(
+# Rung 15's kernel with the ping-pong turns. Its long-K/V tiles (three warpgroups, 192 x 80) start at 6 144 keys,
+# not 32 000: over the two-warpgroup 128 x 128 tiles they measured -1.6 / -1.7 % at 4k, +4.0 % at 6k,
+# +2.0 / +2.0 % at 8k, +3.0 / +3.4 % at 16k and +5.5 % at B2 H32 8k with the turns (benchmarks/ab/ab-18b-*.json,
+# ab-wg3-*.json), and without the turns they lose at 8k and 16k (rung 16's page).
+_PINGPONG = replace(
     _P_DOUBLE_BUFFER,
-    number=19,
-    name="smem_epilogue",
-    idea="the epilogue through shared memory: O staged with stmatrix, stored in whole 128-byte lines",
-    smem_layout="tma_ring_staged_o",
+    number=16,
+    name="pingpong",
+    idea="the consumer warpgroups take turns issuing wgmmas (named barriers: ping-pong)",
+    sass_required=(*_P_DOUBLE_BUFFER.sass_required, "BAR"),
     long_kv=(6144, _P_DOUBLE_BUFFER.long_kv[1]),
 )
 
@@ -409,69 +399,28 @@ RUNGS: tuple[Rung, ...] = (
         kv_box_rows=128,
         sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG"),
     ),
-    Rung(
-        10,
-        "pingpong",
-        "the two consumer warpgroups take turns issuing wgmmas (named barriers: ping-pong)",
-        "tma",
-        block_m=128,
-        block_n=128,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=128,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
-    ),
-    Rung(
-        11,
-        "persistent",
-        "a persistent grid: one CTA per SM walks its work tiles; next Q and K/V load under the last P.V",
-        "tma",
-        block_m=128,
-        block_n=128,
-        threads=384,
-        smem_layout="tma_ring",
-        extra_defines={"NUM_STAGES": 2},
-        q_box_rows=128,
-        kv_box_rows=128,
-        sass_required=("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "BAR"),
-        persistent=True,
-    ),
-    _WIDE_TILES,
+    _PERSISTENT_EPILOGUE,
     _CONST_DESC,
     _LAZY_RESCALE,
-    # Rung 14's kernel with a fast path for kept references (thread-local maxima against a per-row score limit, one
-    # vote): rung 14's launch in every respect (tiles, features, head dims, causal and long-K/V tiles).
-    replace(
-        _LAZY_RESCALE,
-        number=15,
-        name="kept_reference",
-        idea=(
-            "a warp whose rows all keep their reference skips the row-max reduction: own-column maxima against a limit"
-        ),
-    ),
     _P_DOUBLE_BUFFER,
-    # Rung 16's kernel with the warp index read through __shfl_sync: the Q descriptor in uniform registers. Rung
-    # 16's launch in every respect.
+    # Rung 13's kernel with the warp index read through __shfl_sync: the Q descriptor in uniform registers. Rung
+    # 13's launch in every respect.
     replace(
         _P_DOUBLE_BUFFER,
-        number=17,
+        number=14,
         name="uniform_warp",
         idea="a warp-uniform warp index: the Q descriptor stays in uniform registers (no R2UR before the S wgmmas)",
     ),
-    # Rung 17's kernel with the kept-reference path computing P first and voting on its largest P afterwards
-    # (EXP_FIRST, the builds with two P buffers: two consumer warpgroups; the three-warpgroup ones are rung 17's).
-    # Rung 17's launch in every respect. Fifteenth session: this idea was rung 19, above the staged epilogue, where
-    # 8k and 16k take three-warpgroup tiles and so rung 18's machine code; here it applies at 1k-16k
-    # (benchmarks/ab/ab-swap-e26351a-h100.json; rung 18's page).
+    # Rung 14's kernel with the kept-reference path computing P first and voting on its largest P afterwards
+    # (EXP_FIRST, the builds with two P buffers: two consumer warpgroups; the three-warpgroup ones are rung 14's).
+    # Rung 14's launch in every respect.
     replace(
         _P_DOUBLE_BUFFER,
-        number=18,
+        number=15,
         name="exp_first",
         idea="kept references compute P first and vote on the largest P after: no row-max loop before the exponentials",
     ),
-    _SMEM_EPILOGUE,
+    _PINGPONG,
 )
 
 

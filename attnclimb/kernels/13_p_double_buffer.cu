@@ -1,23 +1,21 @@
-// Rung 15 — kept references skip the row-max reduction: a warp whose rows all keep their softmax reference
-// goes straight from its own columns' maxima to the exponentials.
+// Rung 13 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the tensor
+// cores still read P of tile j − 1 for its P·V.
 //
-// The idea (over rung 14): with the lazy rescale, a row keeps its reference R on almost every tile after its
-// first, and then P = 2^(s·c − R) with the mul and R it already had, alpha = 1 and no O rescale. But rung 14
-// still reduces every tile's row max over the quad (two dependent SHFLs per row), decides against it, and
-// recomputes mul, R, err and alpha (an FMUL.RP, FFMAs, one MUFU.EX2 per row) before the first exponential
-// can issue: about 150 cycles of latency with little else to issue, on the path that the other warpgroup's
-// GEMMs must cover. The lazy test needs no reduction: the row keeps R iff every score s of the tile
-// satisfies (s − m)·c + err <= 2^RESCALE_THRESHOLD, i.e. s <= m + (8 − err)/c =: the row's limit, fixed while
-// R is. So each thread compares the max of its own BLOCK_N / 4 columns with the limit, and a warp vote
-// (`vote.all`) sends warps in which every row passes down a path that uses the mul, R and shift it kept
-// (alpha = 1, no O-rescale vote); any other warp takes rung 14's path (quad max, lazy test, new reference,
-// new limit). The l fix (rung 14's page) rounds each thread's own column max, which includes the row max,
-// so every P that rung 14 rounded in l is rounded here, and a few more.
-// Sources: FlashAttention-4 (conditional rescale); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA
-// "Warp Vote" (vote.all, vote.any).
+// The idea (over rung 12): in rungs 9–12 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
+// registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
+// thread between the end of the softmax and the next wgmma issue, with nothing else to issue beside them.
+// With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack runs
+// inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue slots),
+// and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4 registers
+// (32 at 128-key tiles). Where it does not fit (three consumer warpgroups at 160 registers: head_dim 64 and
+// the long-K/V tiles) P_DOUBLE_BUFFER is 0 and the kernel is rung 12's. In the fp16 build with every
+// feature the staging rows' address is made opaque where the epilogue takes it (below), or ptxas keeps it
+// live from the prologue and spills.
+// Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
+// PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
 //
-// Everything else (lazy rescale threshold, descriptors, wide tiles, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring) is rung 14's.
+// Everything else (lazy rescale, descriptors, persistent grid, staged epilogue, intra-warpgroup overlap,
+// K/V ring) is rung 12's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -83,6 +81,12 @@ typedef bf16 elem;
 #endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
+// The second P buffer (BLOCK_N / 4 registers) fits the two-consumer-warpgroup builds (240 registers each) at
+// the tiles rungs.py gives them; with three consumer warpgroups (160 registers) the pack stays after the
+// wait.
+#ifndef P_DOUBLE_BUFFER
+#define P_DOUBLE_BUFFER (NUM_THREADS == 384)
+#endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
 constexpr int CONSUMER_WGS = CONSUMER_WARPS / 4;  // 2 (head_dim 128, 256) or 3 (head_dim 64: 192-row tiles)
@@ -124,10 +128,21 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
                   NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
               "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
-static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
+static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
-              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
+// O staged in shared memory for the stores (this rung's idea) where the staging tile fits: head_dim <= 128.
+#define SMEM_EPILOGUE (HEAD_DIM <= 128)
+constexpr uint32_t O_ROW_BYTES = HEAD_DIM * sizeof(elem);  // one row of O in the staging tile
+constexpr int O_CHUNKS = O_ROW_BYTES / 16;                 // its 16-byte chunks: 8 (head_dim 64) or 16 (128)
+constexpr uint32_t O_STAGE_BYTES = SMEM_EPILOGUE ? BLOCK_M * O_ROW_BYTES : 0;
+static_assert(
+    SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES + O_STAGE_BYTES,
+    "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
+    "smem_layout)");
+static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
+// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
+// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
+[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
 // wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
 // buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
 // stay below it, so base + (offset >> 4) never carries out of the field.
@@ -162,6 +177,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
+#if SMEM_EPILOGUE
+    unsigned char* s_o = s_v + NUM_STAGES * KV_TILE_BYTES;  // O staging: BLOCK_M rows
+#endif
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];        // K tile of the stage has landed
@@ -171,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
+    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -331,13 +349,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const uint64_t k_desc0 = hop::desc_kmajor_sw128(smem_addr(s_k));
     const uint64_t v_desc0 = hop::desc_mnmajor_sw128(smem_addr(s_v), KV_PANEL);
 
-    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Two warpgroups take part in
-    // each (256 threads): w waits on its own (bar.sync), the one before it in the ring 0, 1(, 2) arrives on
-    // it (bar.arrive) once it has issued its own wgmmas. The last warpgroup lets warpgroup 0 go first.
-    // (`other_turn` is the next warpgroup's barrier; with two, the other one's.)
-    const uint32_t my_turn = 1 + wg, other_turn = CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % CONSUMER_WGS;
-    constexpr uint32_t TURN_THREADS = 2 * 128;
-    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
@@ -410,8 +421,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
         // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
         // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
-        // the test; their P is NaN on either path, as in rung 14.) A work tile's first tile does not vote: it
-        // has no reference yet (its limit is −inf). Otherwise rung 14's path, warp-uniformly.
+        // the test; their P is NaN on either path.) A work tile's first tile does not vote: it
+        // has no reference yet (its limit is −inf). Otherwise the full path, warp-uniformly.
         bool rescale = false;
         alpha[0] = alpha[1] = 1.f;
         if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
@@ -420,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
-                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 14's page).
+                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 12's page).
                 const float t_max = quad_max(tile_max[r]);
                 float m_new = fmaxf(row_max[r], t_max);
                 // e = max·c − R of the kept reference (softmax.cuh), recomputed exactly as online_rescale
@@ -500,7 +511,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             gemm_qk_async_desc<1, BLOCK_N>(s, q_desc, Q_PANEL, k_desc, KV_PANEL);
     };
 
-    uint32_t p_frag[KV_STEPS][4];         // P of the previous tile, the A operand of its P·V (in flight)
+    // P of the previous tile (the A operand of its P·V, in flight) and of this one, packed before that P·V's
+    // wait: two buffers that trade roles every K/V tile (the loop below is unrolled by two). Without the
+    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 12.
+    uint32_t p_a[KV_STEPS][4];
+#if P_DOUBLE_BUFFER
+    uint32_t p_b[KV_STEPS][4];
+#endif
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V tile number `kv` 's slot
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
 
@@ -535,12 +552,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<0>();
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
@@ -549,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             softmax_tile(0, m_start, alpha, true);
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_a[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
         }
         int pv_slot = slot;  // ring slot and phase parity of the previous tile's V
@@ -557,17 +570,16 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         ring.advance(slot);
         ++kv;
 
-        // Each iteration issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} as two wgmma groups, waits for
-        // the first only, and runs tile nb's softmax while the tensor cores still work on P·V; then it waits
-        // for P·V, rescales O and packs P_nb for the next iteration (FlashAttention-3 Sec. 3.2).
-        for (int nb = 1; nb < num_n_blocks; ++nb, ++kv) {
+        // Each step issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} (from p_in) as two wgmma groups,
+        // waits for the first only, runs tile nb's softmax while the tensor cores still work on P·V and packs
+        // P_nb into p_out, the other buffer, still under that P·V; then it waits for P·V and rescales O
+        // (FlashAttention-3 Sec. 3.2). ptxas moves a wgmma wait as early in its basic block as the registers
+        // allow; the anchor store below, which depends on every packed word, keeps the pack above it.
+        auto step = [&](int nb, uint32_t (&p_in)[KV_STEPS][4], uint32_t (&p_out)[KV_STEPS][4]) {
             slot = kv % NUM_STAGES;
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
             TRACE_END(S);
@@ -575,10 +587,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::mbar_wait(&bar_v[pv_slot], pv_phase);
             TRACE_END(WAIT_V);
             TRACE_BEGIN(S);
-            hop::reg_fence(p_frag);
+            hop::reg_fence(p_in);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
-            gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
@@ -588,19 +599,32 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             float alpha[2];
             const bool rescale =
                 softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
+            // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
+            uint32_t folded = 0;  // XOR of the packed words, folded in as they come (two per LOP3)
+#if P_DOUBLE_BUFFER
+#pragma unroll
+            for (int ks = 0; ks < KV_STEPS; ++ks) {
+                pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+                folded = hop::xor3(folded, p_out[ks][0], p_out[ks][1]);
+                folded = hop::xor3(folded, p_out[ks][2], p_out[ks][3]);
+            }
+#endif
+            const uint32_t anchor =
+                hop::xor3(folded, __float_as_uint(row_sum[0]), __float_as_uint(row_sum[1]));
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), __uint_as_float(anchor));
             TRACE_END(SOFTMAX);
-            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
-            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
-            // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
+            // ---- the previous tile's P·V is done: release its V, rescale O ----
+            // One wait, outside the rescale branch: wgmma.wait_group is .aligned, which for wgmma means every
+            // thread of the warpgroup executes the same instruction, and the rescale vote is only
+            // warp-uniform.
             TRACE_BEGIN(PV);
             hop::wgmma_wait<0>();
             hop::reg_fence(o_acc);
-            hop::reg_fence(p_frag);
+            hop::reg_fence(p_in);
             if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
-            TRACE_END(PV);
-            TRACE_BEGIN(SOFTMAX);
-            if (rescale) {  // warp-uniform
+            if (rescale) {                                           // warp-uniform
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     o_acc[j][0] *= alpha[0];
@@ -609,13 +633,27 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
                     o_acc[j][3] *= alpha[1];
                 }
             }
+#if !P_DOUBLE_BUFFER
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
-            TRACE_END(SOFTMAX);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
+#endif
+            TRACE_END(PV);
             pv_slot = slot;
             pv_phase = ring.phase;
             ring.advance(slot);  // the next use of each slot is its next phase
+            ++kv;
+        };
+#if P_DOUBLE_BUFFER
+        int nb = 1;
+        for (; nb + 1 < num_n_blocks; nb += 2) {
+            step(nb, p_a, p_b);
+            step(nb + 1, p_b, p_a);
         }
+        const bool odd = nb < num_n_blocks;  // one K/V tile left: its P ends in p_b
+        if (odd) step(nb, p_a, p_b);
+#else
+        for (int nb = 1; nb < num_n_blocks; ++nb) step(nb, p_a, p_a);
+#endif
         // Every S of this work tile is complete: the producer may load the next work tile's Q now, under
         // the last P·V and the epilogue below.
         if (lane == 0) hop::mbar_arrive(&bar_q_empty);
@@ -624,16 +662,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
         TRACE_END(WAIT_V);
-        TRACE_BEGIN(WAIT_TURN);
-        hop::named_bar_sync(my_turn, TURN_THREADS);
-        TRACE_END(WAIT_TURN);
         TRACE_BEGIN(PV);
-        hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
-        gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-        // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
+#if P_DOUBLE_BUFFER
+        hop::reg_fence(p_a);
+        hop::reg_fence(p_b);
+        if (odd)
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_b, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+        else
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+#else
+        hop::reg_fence(p_a);
+        gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
+#endif
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
@@ -641,11 +682,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
         // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
+        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+#if WRITE_LSE || !SMEM_EPILOGUE
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+#endif
 #if WRITE_LSE
             // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
@@ -666,6 +710,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
+#if !SMEM_EPILOGUE  // head_dim 256: 4-byte stores, straight from the registers
+            const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
                 elem* dst =
@@ -676,15 +722,79 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
 #if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
-                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                        pack_f16x2(clamp_f16(o_acc[j][2 * r] * inv), clamp_f16(o_acc[j][2 * r + 1] * inv));
 #else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+                        pack_bf16x2(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
 #endif
                 }
             }
+#endif
         }
+#if SMEM_EPILOGUE
+        // O / l of this warp's 16 rows into its staging rows, one stmatrix.x4 per two n8 tiles: matrices (j,
+        // rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15); lane l addresses row (l % 8) + (l
+        // & 8) of the 16-byte chunk j + l / 16 (n8 tile = chunk), stored at chunk c ^ (row % 8).
+        auto pack_o = [&](float lo, float hi, float inv) -> uint32_t {
+#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
+            return pack_f16x2(clamp_f16(lo * inv), clamp_f16(hi * inv));
+#else
+            return pack_bf16x2(lo * inv, hi * inv);
+#endif
+        };
+        unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
+#if FP16  // opaque here, so that ptxas does not keep it live from the prologue: with the second P buffer, the
+          // fp16 build with every feature would spill 32 bytes (rung 13's page, "Registers")
+        asm volatile("" : "+l"(o_rows));
+#endif
+        __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
+        {
+            const int r = (lane & 7) + (lane & 8);
+            const uint32_t row_addr = smem_addr(o_rows) + r * O_ROW_BYTES;
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                const int c = j + (lane >> 4);
+                hop::stmatrix_x4(row_addr + ((c ^ (r & 7)) << 4), pack_o(o_acc[j][0], o_acc[j][1], inv_l[0]),
+                                 pack_o(o_acc[j][2], o_acc[j][3], inv_l[1]),
+                                 pack_o(o_acc[j + 1][0], o_acc[j + 1][1], inv_l[0]),
+                                 pack_o(o_acc[j + 1][2], o_acc[j + 1][3], inv_l[1]));
+            }
+        }
+        __syncwarp();  // the warp's rows are in shared memory for every lane
+        // Whole rows out: O_CHUNKS lanes per row, 16 bytes each (4-byte stores where O is not 16-byte
+        // aligned).
+#if STRIDED
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0 &&
+                           ((o_stride_b | o_stride_h | o_stride_s) & 7) == 0;
+#else
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
+#endif
+#pragma unroll O_COPY_UNROLL
+        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
+            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
+            const uint4 chunk =
+                *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
+            const int row = m_start + cw * WARP_ROWS + r;
+            if (row < seqlen_q) {
+#if STRIDED
+                elem* dst =
+                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + c * 8;
+#else
+                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + c * 8;
+#endif
+                if (o_vec) {  // kernel arguments: warp-uniform
+                    *reinterpret_cast<uint4*>(dst) = chunk;
+                } else {
+                    uint32_t* dst32 = reinterpret_cast<uint32_t*>(dst);
+                    dst32[0] = chunk.x;
+                    dst32[1] = chunk.y;
+                    dst32[2] = chunk.z;
+                    dst32[3] = chunk.w;
+                }
+            }
+        }
+#endif
         TRACE_END(EPILOGUE);
     }
 }

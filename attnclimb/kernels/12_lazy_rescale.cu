@@ -1,22 +1,26 @@
-// Rung 14 — lazy rescale: a row keeps its softmax reference until its max grows by more than 2^8.
+// Rung 12 — lazy rescale: a row keeps its softmax reference until its max grows by more than 2^8, and a warp
+// whose rows all keep theirs skips the row-max reduction and the O rescale.
 //
-// The idea (over rung 13): the online softmax keeps P, l and O relative to a reference R ≈ m·c of each
-// row's running max m (softmax.cuh), and every time m grows, O (64 fp32 registers per thread at head_dim
-// 128) and l are multiplied by alpha = 2^(R_old − R_new). Those 64 FMULs sit between the previous P·V's
-// wgmma wait and the next wgmma issue, on the path that feeds the tensor cores. A larger max does not
-// have to become the reference at once: P = 2^(s·c − R) is exact for any R, it only must not overflow.
-// So a row keeps its reference while the new max's P against it stays <= 2^8 (RESCALE_THRESHOLD, in
-// log2 units; P <= 256 is in range for bf16 and fp16 and leaves l and O far from fp32's), alpha is then
-// exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a warp-uniform vote).
-// After the first tile of a row this is almost every tile on real inputs. P, l and alpha still share one
-// reference per row, so O / l and the LSE (ln 2·R + ln l) are unchanged up to rounding. A dominant key's P
-// is now 2^x rather than ~1, which bf16 rounds for P·V: l counts each tile max's P rounded the same way, so
-// that rounding cancels in O / l as it did in rung 13 (the page measures both).
+// The idea (over rung 11): the online softmax keeps P, l and O relative to a reference R ≈ m·c of each row's
+// running max m (softmax.cuh), and every time m grows, O (64 fp32 registers per thread at head_dim 128) and
+// l are multiplied by alpha = 2^(R_old − R_new): 64 FMULs between the previous P·V's wgmma wait and the next
+// wgmma issue. A larger max need not become the reference at once: P = 2^(s·c − R) is exact for any R, it
+// only must not overflow. So a row keeps its reference while the new max's P against it stays <= 2^8
+// (RESCALE_THRESHOLD, in log2 units; P <= 256 is in range for bf16 and fp16 and leaves l and O far from
+// fp32's); alpha is then exactly 1, and a warp whose 16 rows all have alpha == 1 skips the O rescale (a
+// warp-uniform vote). The test needs no row max either: a row keeps R iff every score s of the tile
+// satisfies s <= m + (8 − err)/c =: its limit, fixed while R is. So each thread compares the max of its own
+// BLOCK_N / 4 columns with the limit, and `vote.all` sends warps in which every row passes down a path that
+// uses the mul, R and shift it kept; any other warp takes rung 11's path (quad max, new reference, new
+// limit). After a row's first tile this is almost every tile on real inputs. P, l and alpha still share one
+// reference per row, so O / l and the LSE are unchanged up to rounding; l counts each thread's column-max P
+// rounded as P·V sees it, so a dominant key's rounding cancels in O / l (the page measures it).
+// Head_dim 64 and non-causal calls from 32 000 keys take three consumer warpgroups (192-row tiles; rungs.py).
 // Sources: FlashAttention-4 (the conditional rescale of the Blackwell kernel); FlashAttention-2 Sec. 3.1
-// (online softmax); PTX ISA "Warp Vote" (vote.any).
+// (online softmax); PTX ISA "Warp Vote" (vote.all, vote.any).
 //
-// Everything else (descriptors, wide tiles, persistent grid, ping-pong, intra-warpgroup overlap, K/V
-// ring) is rung 13's.
+// Everything else (descriptors, persistent grid, staged epilogue, intra-warpgroup overlap, K/V ring) is
+// rung 11's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -123,10 +127,21 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
                   NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
               "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
-static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
+static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
-              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
+// O staged in shared memory for the stores (this rung's idea) where the staging tile fits: head_dim <= 128.
+#define SMEM_EPILOGUE (HEAD_DIM <= 128)
+constexpr uint32_t O_ROW_BYTES = HEAD_DIM * sizeof(elem);  // one row of O in the staging tile
+constexpr int O_CHUNKS = O_ROW_BYTES / 16;                 // its 16-byte chunks: 8 (head_dim 64) or 16 (128)
+constexpr uint32_t O_STAGE_BYTES = SMEM_EPILOGUE ? BLOCK_M * O_ROW_BYTES : 0;
+static_assert(
+    SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES + O_STAGE_BYTES,
+    "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
+    "smem_layout)");
+static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
+// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
+// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
+[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
 // wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
 // buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
 // stay below it, so base + (offset >> 4) never carries out of the field.
@@ -161,6 +176,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
+#if SMEM_EPILOGUE
+    unsigned char* s_o = s_v + NUM_STAGES * KV_TILE_BYTES;  // O staging: BLOCK_M rows
+#endif
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];        // K tile of the stage has landed
@@ -170,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
+    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -196,11 +214,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // equal pairs, except where an odd nmb makes a pair straddle two heads), when there are enough tiles
     // for every CTA to get a pair.
     const int bh_count = num_tiles / num_m_blocks;
-    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
-#if GQA
-    kv_bytes /= kv_group;  // query heads of one group share them
-#endif
+    const long long kv_bytes =
+        2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
+#if GQA  // query heads of one group share them: kv_bytes / kv_group > L2 (floored), without a 64-bit division
+    const bool by_pairs = kv_bytes >= (CAUSAL_L2_BYTES + 1) * kv_group && num_tiles >= 2 * (int)gridDim.x;
+#else
     const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
+#endif
     auto tile_of = [&](int work) {
         const int wave = work / gridDim.x, c = work % gridDim.x;
         if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
@@ -328,13 +348,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const uint64_t k_desc0 = hop::desc_kmajor_sw128(smem_addr(s_k));
     const uint64_t v_desc0 = hop::desc_mnmajor_sw128(smem_addr(s_v), KV_PANEL);
 
-    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Two warpgroups take part in
-    // each (256 threads): w waits on its own (bar.sync), the one before it in the ring 0, 1(, 2) arrives on
-    // it (bar.arrive) once it has issued its own wgmmas. The last warpgroup lets warpgroup 0 go first.
-    // (`other_turn` is the next warpgroup's barrier; with two, the other one's.)
-    const uint32_t my_turn = 1 + wg, other_turn = CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % CONSUMER_WGS;
-    constexpr uint32_t TURN_THREADS = 2 * 128;
-    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
@@ -346,19 +359,30 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below. (Set per work tile.)
     float o_acc[O_TILES][4];
-    float row_max[2];  // raw scores; finite: see softmax.cuh
-    float row_err[2];  // e = max·c − R of each row (softmax.cuh)
+    float row_max[2] = {smx::ROW_MAX_INIT, smx::ROW_MAX_INIT};  // raw scores; finite: see softmax.cuh
     float row_sum[2];  // this thread's partial sums; summed over the quad at the end
+    // The kept reference of each row: P = ex2(fma(s, mul, row_neg_ref) − row_shift) (softmax.cuh's −R and,
+    // for fp16, k; mul = smx::row_multiplier(row_max), recomputed per tile), and row_limit, the largest score
+    // whose P against it stays <= 2^RESCALE_THRESHOLD.
+    float row_neg_ref[2] = {0.f, 0.f}, row_limit[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#if FP16
+    float row_shift[2] = {0.f, 0.f};
+#else
+    constexpr float row_shift[2] = {0.f, 0.f};  // bf16 P needs no shift (softmax.cuh)
+#endif
 #if WRITE_LSE
-    float l_fix[2];  // what the l fix below added to row_sum (lane t == 0): the LSE leaves it out
+    float l_fix[2];  // what the l fix below added to row_sum: the LSE leaves it out
 #endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
+    const float inv_scale_log2 = 1.f / scale_log2;
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
     // Tile nb's masking and online softmax, in place on s (S -> P, fp32); alpha: the rescale factor of O.
-    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2]) {
+    // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
+    // tile (a constant at each call), which never keeps a reference: no vote.
+    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2], bool first) -> bool {
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
@@ -384,67 +408,98 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
         }
 #endif
-        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − R), c = scale·log2 e ----
-        float tile_max[2] = {NEG_INF, NEG_INF};
+        // ---- online softmax: P = 2^(S·c − R), c = scale·log2 e, against each row's kept or new reference
+        // ----
+        float tile_max[2] = {NEG_INF, NEG_INF};  // of this thread's columns of each row
+        float mul[2] = {smx::row_multiplier(row_max[0], scale_log2),
+                        smx::row_multiplier(row_max[1], scale_log2)};
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
             tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
             tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
         }
-        // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
-        // max did not change. See softmax.cuh for why P, l and alpha must share R, and for huge |max·c|.
-        smx::RowRescale rs[2];
+        // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
+        // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
+        // the test; their P is NaN on either path.) A work tile's first tile does not vote: it
+        // has no reference yet (its limit is −inf). Otherwise the full path, warp-uniformly.
+        bool rescale = false;
+        alpha[0] = alpha[1] = 1.f;
+        if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
+            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
+            // max did not change. See softmax.cuh for why P, l and alpha must share R, and for huge |max·c|.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
+                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 12's page).
+                const float t_max = quad_max(tile_max[r]);
+                float m_new = fmaxf(row_max[r], t_max);
+                // e = max·c − R of the kept reference (softmax.cuh), recomputed exactly as online_rescale
+                // made it (minus k for fp16 P: exact, Sterbenz); +inf before the first tile (−R = +inf).
+                const float err = fmaf(row_max[r], mul[r], row_neg_ref[r]) - row_shift[r];
+                if (fmaf(m_new - row_max[r], scale_log2, err) <= RESCALE_THRESHOLD) m_new = row_max[r];
+                const smx::RowRescale rs = smx::online_rescale<FP16>(row_max[r], err, m_new, scale_log2);
+                alpha[r] = rs.alpha;
+                row_max[r] = m_new;
+                mul[r] = rs.mul;
+                row_neg_ref[r] = rs.neg_ref;
+#if FP16
+                row_shift[r] = rs.shift;
+#endif
+                // s <= m + (threshold − err)/c, rounded DOWN (fma.rm): scores are fp32 numbers on the same
+                // grid, and near |m·c| ~ 2^29 one grid step is up to 64 units of s·c, so a limit rounded to
+                // nearest could let a score half a step past the bound through (P up to 2^31 in the model).
+                // Rounded down, a passing score is within the bound but for 1/c's own rounding: P <= 2^(8 +
+                // 1e-6). On hard rows (err = 0, ulp(m) >= 32/c) it is m itself, the test above's decision
+                // (reference.kept_limit_fp32).
+                row_limit[r] = __fmaf_rd(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);
+                row_sum[r] *= alpha[r];
+#if WRITE_LSE
+                l_fix[r] *= alpha[r];
+#endif
+            }
+            rescale = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);  // warp-uniform: a vote
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
-            // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see the page).
-            const float t_max = quad_max(tile_max[r]);
-            float m_new = fmaxf(row_max[r], t_max);
-            if (fmaf(m_new - row_max[r], scale_log2, row_err[r]) <= RESCALE_THRESHOLD) m_new = row_max[r];
-            rs[r] = smx::online_rescale<FP16>(row_max[r], row_err[r], m_new, scale_log2);
-            row_err[r] = rs[r].err;
-            alpha[r] = rs[r].alpha;
-            row_max[r] = m_new;
-            row_sum[r] *= alpha[r];
-            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference the tile max's P is up
-            // to 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts that one P
-            // rounded too (the FFMA and ex2 of its score below, once per row: lane t == 0).
-            const float p_top = smx::fast_exp2(fmaf(t_max, rs[r].mul, rs[r].neg_ref) - rs[r].shift);
+            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference a tile max's P is up to
+            // 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts the P of each
+            // thread's column max (the row max among them) rounded too (one FFMA and ex2 of that score).
+            const float p_top = smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]);
 #if FP16
             const float p_top_rounded = __half2float(__float2half_rn(p_top));
 #else
             const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
 #endif
-            if (t == 0) row_sum[r] += p_top_rounded - p_top;
+            row_sum[r] += p_top_rounded - p_top;
 #if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
-            l_fix[r] = fmaf(l_fix[r], alpha[r], t == 0 ? p_top_rounded - p_top : 0.f);
+            l_fix[r] += p_top_rounded - p_top;
 #endif
         }
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
         // Warp-uniform, so the common case below is the bf16 loop, one FFMA and one MUFU.EX2 per score.
-        if (__any_sync(0xffffffffu, rs[0].shift != 0.f || rs[1].shift != 0.f)) {
+        if (__any_sync(0xffffffffu, row_shift[0] != 0.f || row_shift[1] != 0.f)) {
 #pragma unroll
             for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[j][e] =
-                        smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref) - rs[e >> 1].shift);
+                        smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]) - row_shift[e >> 1]);
                     row_sum[e >> 1] += s[j][e];
                 }
             }
-            return;
+            return rescale;
         }
 #endif
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[j][e] =
-                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
+                s[j][e] = smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
                 row_sum[e >> 1] += s[j][e];
             }
         }
+        return rescale;
     };
     auto issue_qk = [&](int slot) {
         const uint64_t k_desc = k_desc0 + ((slot * KV_TILE_BYTES) >> 4);
@@ -465,11 +520,17 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
-        // err = +inf: the first tile always takes its own max as the reference (alpha = 2^−inf = 0 scales the
-        // zero O and l). With err = 0 a scale below ~2e-38 (scale 0 is raised to FLT_MIN) would keep −FLT_MAX
-        // as the reference, c·FLT_MAX <= 8, and give every P the same rounded 2^5.8 instead of an exact 1.
-        row_err[0] = row_err[1] = CUDART_INF_F;
+        // err = +inf (−R = +inf; mul <= 2^−98 for −FLT_MAX, no overflow): the first tile always takes its own
+        // max as the reference (alpha = 2^−inf = 0 scales the zero O and l). With err = 0 a scale below
+        // ~2e-38 (scale 0 is raised to FLT_MIN) would keep −FLT_MAX as the reference, c·FLT_MAX <= 8, and
+        // give every P the same rounded 2^5.8 instead of an exact 1.
+        row_neg_ref[0] = row_neg_ref[1] = CUDART_INF_F;
         row_sum[0] = row_sum[1] = 0.f;
+        // No kept reference yet: the first tile takes the full path (a limit of −inf fails key 0's scores).
+        row_limit[0] = row_limit[1] = -CUDART_INF_F;
+#if FP16
+        row_shift[0] = row_shift[1] = 0.f;
+#endif
 #if WRITE_LSE
         l_fix[0] = l_fix[1] = 0.f;
 #endif
@@ -484,19 +545,15 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<0>();
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
             TRACE_END(S);
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            softmax_tile(0, m_start, alpha);
+            softmax_tile(0, m_start, alpha, true);
 #pragma unroll
             for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
@@ -514,9 +571,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
             TRACE_END(S);
@@ -527,7 +581,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::reg_fence(p_frag);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
             gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
@@ -535,7 +588,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            softmax_tile(nb * BLOCK_N, m_start, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
+            const bool rescale =
+                softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
             TRACE_END(SOFTMAX);
             // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
             hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
@@ -548,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
             TRACE_END(PV);
             TRACE_BEGIN(SOFTMAX);
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // warp-uniform: a vote
+            if (rescale) {  // warp-uniform
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
                     o_acc[j][0] *= alpha[0];
@@ -572,16 +626,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
         TRACE_END(WAIT_V);
-        TRACE_BEGIN(WAIT_TURN);
-        hop::named_bar_sync(my_turn, TURN_THREADS);
-        TRACE_END(WAIT_TURN);
         TRACE_BEGIN(PV);
         hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
         gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-        // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
@@ -589,11 +637,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
         // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
+        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+#if WRITE_LSE || !SMEM_EPILOGUE
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+#endif
 #if WRITE_LSE
             // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
@@ -614,6 +665,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
+#if !SMEM_EPILOGUE  // head_dim 256: 4-byte stores, straight from the registers
+            const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
                 elem* dst =
@@ -624,15 +677,75 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
 #if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
-                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                        pack_f16x2(clamp_f16(o_acc[j][2 * r] * inv), clamp_f16(o_acc[j][2 * r + 1] * inv));
 #else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+                        pack_bf16x2(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
 #endif
                 }
             }
+#endif
         }
+#if SMEM_EPILOGUE
+        // O / l of this warp's 16 rows into its staging rows, one stmatrix.x4 per two n8 tiles: matrices (j,
+        // rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15); lane l addresses row (l % 8) + (l
+        // & 8) of the 16-byte chunk j + l / 16 (n8 tile = chunk), stored at chunk c ^ (row % 8).
+        auto pack_o = [&](float lo, float hi, float inv) -> uint32_t {
+#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
+            return pack_f16x2(clamp_f16(lo * inv), clamp_f16(hi * inv));
+#else
+            return pack_bf16x2(lo * inv, hi * inv);
+#endif
+        };
+        unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
+        __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
+        {
+            const int r = (lane & 7) + (lane & 8);
+            const uint32_t row_addr = smem_addr(o_rows) + r * O_ROW_BYTES;
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                const int c = j + (lane >> 4);
+                hop::stmatrix_x4(row_addr + ((c ^ (r & 7)) << 4), pack_o(o_acc[j][0], o_acc[j][1], inv_l[0]),
+                                 pack_o(o_acc[j][2], o_acc[j][3], inv_l[1]),
+                                 pack_o(o_acc[j + 1][0], o_acc[j + 1][1], inv_l[0]),
+                                 pack_o(o_acc[j + 1][2], o_acc[j + 1][3], inv_l[1]));
+            }
+        }
+        __syncwarp();  // the warp's rows are in shared memory for every lane
+        // Whole rows out: O_CHUNKS lanes per row, 16 bytes each (4-byte stores where O is not 16-byte
+        // aligned).
+#if STRIDED
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0 &&
+                           ((o_stride_b | o_stride_h | o_stride_s) & 7) == 0;
+#else
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
+#endif
+#pragma unroll O_COPY_UNROLL
+        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
+            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
+            const uint4 chunk =
+                *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
+            const int row = m_start + cw * WARP_ROWS + r;
+            if (row < seqlen_q) {
+#if STRIDED
+                elem* dst =
+                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + c * 8;
+#else
+                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + c * 8;
+#endif
+                if (o_vec) {  // kernel arguments: warp-uniform
+                    *reinterpret_cast<uint4*>(dst) = chunk;
+                } else {
+                    uint32_t* dst32 = reinterpret_cast<uint32_t*>(dst);
+                    dst32[0] = chunk.x;
+                    dst32[1] = chunk.y;
+                    dst32[2] = chunk.z;
+                    dst32[3] = chunk.w;
+                }
+            }
+        }
+#endif
         TRACE_END(EPILOGUE);
     }
 }

@@ -1,124 +1,25 @@
-// Rung 19 — the epilogue through shared memory: each warp puts its 16 rows of O / l into a staging tile with
-// stmatrix and writes them back out as whole rows, 16 bytes per lane, so every store instruction fills
-// complete 128-byte lines.
+// Rung 16 — the consumer warpgroups take turns on the tensor cores (ping-pong).
 //
-// The idea (over rung 18): rungs 7–18 write O straight from the wgmma accumulator registers, one bf16 pair
-// (4 bytes) per store: a warp's store covers 8 rows × 16 bytes, touches 8 lines and half-fills each sector,
-// and a thread issues HEAD_DIM / 4 of them (32 at head_dim 128). Measured on rung 17 at 512 keys (its page,
-// "Measured timeline at 512 keys"), that epilogue takes 1.5 µs per warpgroup and work tile, 13–15 % of the
-// period, and both warpgroups' epilogues overlap, so the tensor cores wait for them. Here the accumulator's
-// n8 tiles, packed in pairs, are exactly stmatrix's 8 × 8 fragments (PTX ISA "stmatrix"): HEAD_DIM / 16
-// stmatrix.x4 per thread put the warp's rows into its own 16 × HEAD_DIM staging rows, 16-byte chunks
-// XOR-swizzled by row so that neither the stmatrix nor the row reads conflict on banks; a __syncwarp, then
-// each lane reads 16-byte chunks back (LDS.128) and stores them (STG.128), HEAD_DIM / 16 of each per thread,
-// every instruction whole lines. The warp needs nothing from the others (no named barrier), and the staging
-// tile costs BLOCK_M × HEAD_DIM × 2 bytes of shared memory: 32 KB at head_dim 128, 24 KB for the 192-row
-// head_dim-64 tiles, 48 KB for the long-K/V tiles. At head_dim 256 it would not fit (64 KB on top of 193 KB),
-// so that build keeps rung 18's stores (SMEM_EPILOGUE 0). Where O's address or strides are not 16-byte
-// multiples (a caller's own buffer), the same rows go out in 4-byte stores (a warp-uniform branch). Sources:
-// FlashAttention-3's and FA4's epilogues (O staged in shared memory before the store; the idea only), PTX ISA
-// "stmatrix", CUDA C++ Best Practices Guide "Coalesced Access to Global Memory".
+// The idea (over rung 15): the consumer warpgroups of a CTA share the SM's tensor cores and MUFU units, and
+// in rung 15 nothing decides who issues when: they tend to issue their wgmmas at about the same time and
+// then to compute their softmax at the same time, so the tensor cores idle while the MUFUs queue. Here named
+// barriers make them alternate: before issuing a tile's wgmmas (S_j, and P_{j−1}·V_{j−1}) a warpgroup waits
+// on its own barrier; after issuing them it arrives on the next warpgroup's. So the next warpgroup's GEMMs
+// are queued right behind this one's, and while they run this one computes its softmax. The last warpgroup
+// arrives once on warpgroup 0's barrier before the first tile, so that warpgroup 0 goes first, and skips its
+// very last arrival, so that every barrier completes as often as it is waited on; the turns continue across
+// the persistent grid's work tiles. With three consumer warpgroups the turns go round a ring 0 → 1 → 2, and
+// only with the turns do the three-warpgroup tiles (192 × 80) pay at 8k keys and more: this rung takes them
+// from 6 144 keys (rungs 12–15 from 32 000).
+// Sources: FlashAttention-3 (Shah et al., 2024) Sec. 3.1 ("pingpong scheduling" of warpgroups with
+// barriers); PTX ISA "bar, barrier" (bar.sync / bar.arrive with a thread count).
 //
-// Everything else (the exponentials first, uniform warp index, P double-buffered, kept references, lazy
-// rescale, descriptors, persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 18's.
+//   consumer WG 0:  sync(b1)─[issue S, P·V]─arrive(b2)──softmax──────────sync(b1)─[issue S, P·V]─arrive(b2)
+//   consumer WG 1:        sync(b2)···········─[issue S, P·V]─arrive(b1)──softmax──────────sync(b2)─[...]
+//   tensor cores:          ▓▓▓▓ WG 0 ▓▓▓▓▓▓▓▓ WG 1 ▓▓▓▓▓▓▓▓ WG 0 ▓▓▓▓▓▓▓▓ ...
 //
-// Rung 18's header, for the exponentials first:
-//
-// Rung 18 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
-// the largest P afterwards, so the row-max loop leaves the path from S to P·V.
-//
-// The idea (over rung 17): rung 15's fast path decides with a vote whether the warp may keep its references
-// (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
-// dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
-// issue. In Nsight Compute's source view at 4k of the kernel that was rung 18 then (seventh session,
-// ncu_r18_4k: rung 17 with the epilogue of today's rung 19) that max section is 28 % of a consumer warp's
-// softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of the warp's step)
-// no longer fits the other warpgroup's GEMMs. But the test is the same as asking
-// whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
-// exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
-// the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
-// whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
-// = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
-// MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
-// and takes rung 17's full path from the scores, which are still in their registers: the speculative P went
-// straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
-// is the work spent twice, on the tiles that move a reference. Where P is not double-buffered (three consumer
-// warpgroups) the kernel is rung 17's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 17's full
-// path on every tile (no kept-reference shortcut: slower, as exact). Sources:
-// FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
-// softmax); PTX ISA "Warp Vote".
-//
-// Everything else (the uniform warp index, P double-buffered, kept references, lazy rescale, descriptors,
-// persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 17's.
-//
-// Rung 17's header, for the uniform warp index:
-//
-// Rung 17 — a warp-uniform warp index: the warpgroup's Q descriptor lives in uniform registers, so no wgmma
-// of S = Q·Kᵀ waits for its descriptor to be moved there.
-//
-// The idea (over rung 16): a wgmma takes its shared-memory descriptors from the uniform register file
-// (gdesc[URn] in SASS, one 64-bit pair per wgmma). The K and V descriptors of rungs 13–16 are built from
-// values the compiler knows to be uniform (the ring slot, the CTA's shared-memory base), so each wgmma adds a
-// constant to a uniform register. The Q descriptor depends on the consumer warpgroup's index, derived from
-// threadIdx.x / 32, which for the compiler is a per-thread value: it keeps the descriptor in ordinary
-// registers and moves it before every wgmma of S, two R2UR plus an IADD3 / IMAD.X / UMOV each (16 R2UR per S
-// group at head_dim 128), and the first wgmma of a turn waits for that chain. Reading the warp index through
-// __shfl_sync(…, 0) (the same value, from lane 0) tells the compiler that it is warp-uniform, so the
-// warpgroup index, its Q rows, the Q descriptor and the turn barriers' ids are uniform too. Sources: CUDA C++
-// Programming Guide, "Warp Shuffle Functions" (__shfl_sync); the SASS of rung 16 (cuobjdump), where the R2UR
-// sit; the same trick as CUTLASS's warp index helper (the idea only).
-//
-// Measured alone on rung 15 (the same change), this idea lost 0–3 % on the two-consumer-warpgroup builds and
-// 4–5 % at 512 keys, and won 1–2 % on the three-warpgroup (long-K/V) ones; on rung 16 it won 0.4–2.2 % on
-// every head-line shape in the A/B that compared the two (docs/rungs/17-uniform-warp.md).
-//
-// Everything else (P double-buffered, kept references, lazy rescale, descriptors, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring, tiles) is rung 16's.
-//
-// Rung 16's header, for P double-buffered:
-//
-// Rung 16 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
-// tensor cores still read P of tile j − 1 for its P·V, so the pack leaves the path between a warpgroup's
-// softmax and its next turn.
-//
-// The idea (over rung 15): in rungs 9–15 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
-// registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
-// thread between the end of the softmax and the warpgroup's next turn, with nothing else to issue beside
-// them. With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack
-// runs inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue
-// slots), and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4
-// registers: at 176-key tiles the consumers' 240 do not hold it (224 bytes of spills, and ptxas serialises
-// the wgmmas), so this rung's head_dim-128 tiles are 128 keys wide (FlashAttention-3's and FA4's causal and
-// FA4's non-causal tile). Where the second buffer does not fit (three consumer warpgroups at 160 registers:
-// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 15's.
-// Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
-// PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
-//
-// Everything else (kept references, lazy rescale, descriptors, persistent grid, ping-pong, intra-warpgroup
-// overlap, K/V ring) is rung 15's.
-//
-// Rung 15's header, for the kept references:
-//
-// Rung 15 — kept references skip the row-max reduction: a warp whose rows all keep their softmax reference
-// goes straight from its own columns' maxima to the exponentials.
-//
-// The idea (over rung 14): with the lazy rescale, a row keeps its reference R on almost every tile after its
-// first, and then P = 2^(s·c − R) with the mul and R it already had, alpha = 1 and no O rescale. But rung 14
-// still reduces every tile's row max over the quad (two dependent SHFLs per row), decides against it, and
-// recomputes mul, R, err and alpha (an FMUL.RP, FFMAs, one MUFU.EX2 per row) before the first exponential
-// can issue: about 150 cycles of latency with little else to issue, on the path that the other warpgroup's
-// GEMMs must cover. The lazy test needs no reduction: the row keeps R iff every score s of the tile
-// satisfies (s − m)·c + err <= 2^RESCALE_THRESHOLD, i.e. s <= m + (8 − err)/c =: the row's limit, fixed while
-// R is. So each thread compares the max of its own BLOCK_N / 4 columns with the limit, and a warp vote
-// (`vote.all`) sends warps in which every row passes down a path that uses the mul, R and shift it kept
-// (alpha = 1, no O-rescale vote); any other warp takes rung 14's path (quad max, lazy test, new reference,
-// new limit). The l fix (rung 14's page) rounds each thread's own column max, which includes the row max,
-// so every P that rung 14 rounded in l is rounded here, and a few more.
-// Sources: FlashAttention-4 (conditional rescale); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA
-// "Warp Vote" (vote.all, vote.any).
-//
-// Everything else (lazy rescale threshold, descriptors, wide tiles, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring) is rung 14's.
+// Everything else (exponentials first, uniform warp index, P double-buffered, lazy rescale, descriptors,
+// persistent grid, staged epilogue, intra-warpgroup overlap, K/V ring) is rung 15's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -560,8 +461,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
         // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
         // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
-        // the test; their P is NaN on either path, as in rung 14.) A work tile's first tile does not vote: it
-        // has no reference yet (its limit is −inf). Otherwise rung 14's path, warp-uniformly.
+        // the test; their P is NaN on either path.) A work tile's first tile does not vote: it
+        // has no reference yet (its limit is −inf). Otherwise the full path, warp-uniformly.
         bool rescale = false;
         alpha[0] = alpha[1] = 1.f;
         if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
@@ -570,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
-                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 14's page).
+                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 12's page).
                 const float t_max = quad_max(tile_max[r]);
                 float m_new = fmaxf(row_max[r], t_max);
                 // e = max·c − R of the kept reference (softmax.cuh), recomputed exactly as online_rescale
@@ -681,7 +582,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // P of the previous tile (the A operand of its P·V, in flight) and of this one, packed before that P·V's
     // wait: two buffers that trade roles every K/V tile (the loop below is unrolled by two). Without the
-    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 15.
+    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 12.
     uint32_t p_a[KV_STEPS][4];
 #if P_DOUBLE_BUFFER
     uint32_t p_b[KV_STEPS][4];
@@ -907,7 +808,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
-#if !SMEM_EPILOGUE  // head_dim 256: rung 18's stores, straight from the registers
+#if !SMEM_EPILOGUE  // head_dim 256: 4-byte stores, straight from the registers
             const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
@@ -941,6 +842,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
         };
         unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
+#if FP16  // opaque here, so that ptxas does not keep it live from the prologue: with the second P buffer, the
+          // fp16 build with every feature would spill 32 bytes (rung 13's page, "Registers")
+        asm volatile("" : "+l"(o_rows));
+#endif
         __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
         {
             const int r = (lane & 7) + (lane & 8);

@@ -1,45 +1,17 @@
-// Rung 16 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
-// tensor cores still read P of tile j − 1 for its P·V, so the pack leaves the path between a warpgroup's
-// softmax and its next turn.
+// Rung 11 — wgmma descriptors built once and advanced by constant adds.
 //
-// The idea (over rung 15): in rungs 9–15 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
-// registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
-// thread between the end of the softmax and the warpgroup's next turn, with nothing else to issue beside
-// them. With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack
-// runs inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue
-// slots), and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4
-// registers: at 176-key tiles the consumers' 240 do not hold it (224 bytes of spills, and ptxas serialises
-// the wgmmas), so this rung's head_dim-128 tiles are 128 keys wide (FlashAttention-3's and FA4's causal and
-// FA4's non-causal tile). Where the second buffer does not fit (three consumer warpgroups at 160 registers:
-// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 15's.
-// Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
-// PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
+// The idea (over rung 10): every wgmma reads its shared-memory operands through a 64-bit descriptor
+// (PTX ISA "Matrix Descriptor Format"). Rung 10 rebuilds each one from a per-thread shared address before
+// every wgmma (mask, shift, OR in LBO, SBO and the swizzle mode: 16 wgmmas per K/V tile at head_dim 128),
+// which ptxas turns into uniform-datapath ULOP3 / USHF / R2UR work in the consumers' issue slots. Only the
+// start-address field (bits 0-13, address >> 4) differs between the k16 steps of a tile and between the
+// slots of the ring, so the descriptors of Q, of K slot 0 and of V slot 0 are built once, and every other
+// one is a base + a compile-time constant (wgmma_desc.cuh says why the add never carries out of the field).
+// The same wgmmas on the same addresses, in the same order.
+// Sources: PTX ISA "Matrix Descriptor Format" and "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
+// Instructions"; Nsight Compute's instruction mix (docs/rungs/11-const-desc.md).
 //
-// Everything else (kept references, lazy rescale, descriptors, persistent grid, ping-pong, intra-warpgroup
-// overlap, K/V ring) is rung 15's.
-//
-// Rung 15's header, for the kept references:
-//
-// Rung 15 — kept references skip the row-max reduction: a warp whose rows all keep their softmax reference
-// goes straight from its own columns' maxima to the exponentials.
-//
-// The idea (over rung 14): with the lazy rescale, a row keeps its reference R on almost every tile after its
-// first, and then P = 2^(s·c − R) with the mul and R it already had, alpha = 1 and no O rescale. But rung 14
-// still reduces every tile's row max over the quad (two dependent SHFLs per row), decides against it, and
-// recomputes mul, R, err and alpha (an FMUL.RP, FFMAs, one MUFU.EX2 per row) before the first exponential
-// can issue: about 150 cycles of latency with little else to issue, on the path that the other warpgroup's
-// GEMMs must cover. The lazy test needs no reduction: the row keeps R iff every score s of the tile
-// satisfies (s − m)·c + err <= 2^RESCALE_THRESHOLD, i.e. s <= m + (8 − err)/c =: the row's limit, fixed while
-// R is. So each thread compares the max of its own BLOCK_N / 4 columns with the limit, and a warp vote
-// (`vote.all`) sends warps in which every row passes down a path that uses the mul, R and shift it kept
-// (alpha = 1, no O-rescale vote); any other warp takes rung 14's path (quad max, lazy test, new reference,
-// new limit). The l fix (rung 14's page) rounds each thread's own column max, which includes the row max,
-// so every P that rung 14 rounded in l is rounded here, and a few more.
-// Sources: FlashAttention-4 (conditional rescale); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA
-// "Warp Vote" (vote.all, vote.any).
-//
-// Everything else (lazy rescale threshold, descriptors, wide tiles, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring) is rung 14's.
+// Everything else (persistent grid, staged epilogue, intra-warpgroup overlap, K/V ring) is rung 10's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -95,33 +67,18 @@ typedef f16 elem;  // the element type of Q, K, V, O and P
 #else
 typedef bf16 elem;
 #endif
-// The largest log2 of P that a row's kept reference may give (lazy rescale; 8: P <= 256).
-#ifndef RESCALE_THRESHOLD
-#define RESCALE_THRESHOLD 8.f
-#endif
 #ifndef CAUSAL_L2_BYTES
 // causal tile order: head by head (in pairs) when K and V of all heads exceed this, else a snake
 #define CAUSAL_L2_BYTES (32ll << 20)
 #endif
 
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-// The second P buffer (BLOCK_N / 4 registers) fits the two-consumer-warpgroup builds (240 registers each) at
-// the tiles rungs.py gives them; with three consumer warpgroups (160 registers) the pack stays after the
-// wait.
-#ifndef P_DOUBLE_BUFFER
-#define P_DOUBLE_BUFFER (NUM_THREADS == 384)
-#endif
 constexpr int PRODUCER_WARPS = 4;  // warpgroup 0 loads, warpgroups 1.. compute
 constexpr int CONSUMER_WARPS = NUM_WARPS - PRODUCER_WARPS;
-constexpr int CONSUMER_WGS = CONSUMER_WARPS / 4;  // 2 (head_dim 128, 256) or 3 (head_dim 64: 192-row tiles)
 // setmaxnreg targets: 128·24 + 256·240 = 384·168, the CTA's pool. The causal, grouped-query, strided
-// variant's producer (tile order, K/V head and 4-D coordinates) spills at 24: 40 + 232 there. Three
-// consumer warpgroups (512 threads, head_dim 64) share 512·128: 128·32 + 384·160. (The plain values come
-// last: attnclimb/figures/facts.py reads the constexpr lines and keeps the last of a name.)
-#if NUM_THREADS == 512
-constexpr int PRODUCER_REGS = 32;
-constexpr int CONSUMER_REGS = 160;
-#elif CAUSAL && GQA && STRIDED
+// variant's producer (tile order, K/V head and 4-D coordinates) spills at 24: 40 + 232 there. (The plain
+// values come last: attnclimb/figures/facts.py reads the constexpr lines and keeps the last of a name.)
+#if CAUSAL && GQA && STRIDED
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 #else
@@ -152,10 +109,20 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
                   NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
               "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
-static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
-              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
+// O staged in shared memory for the stores (this rung's idea) where the staging tile fits: head_dim <= 128.
+#define SMEM_EPILOGUE (HEAD_DIM <= 128)
+constexpr uint32_t O_ROW_BYTES = HEAD_DIM * sizeof(elem);  // one row of O in the staging tile
+constexpr int O_CHUNKS = O_ROW_BYTES / 16;                 // its 16-byte chunks: 8 (head_dim 64) or 16 (128)
+constexpr uint32_t O_STAGE_BYTES = SMEM_EPILOGUE ? BLOCK_M * O_ROW_BYTES : 0;
+static_assert(
+    SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES + O_STAGE_BYTES,
+    "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
+    "smem_layout)");
+static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
+// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
+// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
+[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
 // wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
 // buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
 // stay below it, so base + (offset >> 4) never carries out of the field.
@@ -190,6 +157,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
+#if SMEM_EPILOGUE
+    unsigned char* s_o = s_v + NUM_STAGES * KV_TILE_BYTES;  // O staging: BLOCK_M rows
+#endif
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];        // K tile of the stage has landed
@@ -199,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
+    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -225,13 +195,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // equal pairs, except where an odd nmb makes a pair straddle two heads), when there are enough tiles
     // for every CTA to get a pair.
     const int bh_count = num_tiles / num_m_blocks;
-    const long long kv_bytes =
-        2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
-#if GQA  // query heads of one group share them: kv_bytes / kv_group > L2 (floored), without a 64-bit division
-    const bool by_pairs = kv_bytes >= (CAUSAL_L2_BYTES + 1) * kv_group && num_tiles >= 2 * (int)gridDim.x;
-#else
-    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
+    long long kv_bytes = 2ll * min(seqlen_k, num_m_blocks * BLOCK_M) * HEAD_DIM * sizeof(elem) * bh_count;
+#if GQA
+    kv_bytes /= kv_group;  // query heads of one group share them
 #endif
+    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
     auto tile_of = [&](int work) {
         const int wave = work / gridDim.x, c = work % gridDim.x;
         if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
@@ -351,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // Q stays in shared memory: the wgmmas read it from there, every tile. Consumer warpgroup cw/4
     // issues them for its 64 rows.
-    const int wg = cw / 4;  // consumer warpgroup 0 .. CONSUMER_WGS − 1
+    const int wg = cw / 4;  // consumer warpgroup 0 or 1
     const uint32_t q_rows = smem_addr(s_q) + wg * WARPGROUP_ROWS * ROW_BYTES;
     // The wgmma descriptors of this warpgroup's Q rows and of K and V in ring slot 0, built once; slot s's
     // is slot 0's + (s · KV_TILE_BYTES) >> 4 (wgmma_desc.cuh).
@@ -359,13 +327,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const uint64_t k_desc0 = hop::desc_kmajor_sw128(smem_addr(s_k));
     const uint64_t v_desc0 = hop::desc_mnmajor_sw128(smem_addr(s_v), KV_PANEL);
 
-    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Two warpgroups take part in
-    // each (256 threads): w waits on its own (bar.sync), the one before it in the ring 0, 1(, 2) arrives on
-    // it (bar.arrive) once it has issued its own wgmmas. The last warpgroup lets warpgroup 0 go first.
-    // (`other_turn` is the next warpgroup's barrier; with two, the other one's.)
-    const uint32_t my_turn = 1 + wg, other_turn = CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % CONSUMER_WGS;
-    constexpr uint32_t TURN_THREADS = 2 * 128;
-    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
@@ -377,30 +338,16 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // This thread's rows are g and g + 8 of the warp's 16: index 0 and 1 below. (Set per work tile.)
     float o_acc[O_TILES][4];
-    float row_max[2] = {smx::ROW_MAX_INIT, smx::ROW_MAX_INIT};  // raw scores; finite: see softmax.cuh
+    float row_max[2];  // raw scores; finite: see softmax.cuh
+    float row_err[2];  // e = max·c − R of each row (softmax.cuh)
     float row_sum[2];  // this thread's partial sums; summed over the quad at the end
-    // The kept reference of each row: P = ex2(fma(s, mul, row_neg_ref) − row_shift) (softmax.cuh's −R and,
-    // for fp16, k; mul = smx::row_multiplier(row_max), recomputed per tile), and row_limit, the largest score
-    // whose P against it stays <= 2^RESCALE_THRESHOLD.
-    float row_neg_ref[2] = {0.f, 0.f}, row_limit[2] = {-CUDART_INF_F, -CUDART_INF_F};
-#if FP16
-    float row_shift[2] = {0.f, 0.f};
-#else
-    constexpr float row_shift[2] = {0.f, 0.f};  // bf16 P needs no shift (softmax.cuh)
-#endif
-#if WRITE_LSE
-    float l_fix[2];  // what the l fix below added to row_sum: the LSE leaves it out
-#endif
     const float scale_log2 = scale * CUDART_L2E_F;  // exp(scale·x) = 2^(scale_log2·x)
-    const float inv_scale_log2 = 1.f / scale_log2;
     float s[S_TILES][4];  // S, then P, of the current tile (overwritten by each tile's first wgmma)
 #pragma unroll
     for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
     // Tile nb's masking and online softmax, in place on s (S -> P, fp32); alpha: the rescale factor of O.
-    // Returns whether any row of the warp has alpha != 1 (warp-uniform). `first`: a work tile's first K/V
-    // tile (a constant at each call), which never keeps a reference: no vote.
-    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2], bool first) -> bool {
+    auto softmax_tile = [&](int n_start, int m_start, float (&alpha)[2]) {
         // ---- keys past seqlen_k (only in the last tile): probability 0 ----
         if (n_start + BLOCK_N > seqlen_k) {
 #pragma unroll
@@ -426,98 +373,50 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
         }
 #endif
-        // ---- online softmax: P = 2^(S·c − R), c = scale·log2 e, against each row's kept or new reference
-        // ----
-        float tile_max[2] = {NEG_INF, NEG_INF};  // of this thread's columns of each row
-        float mul[2] = {smx::row_multiplier(row_max[0], scale_log2),
-                        smx::row_multiplier(row_max[1], scale_log2)};
+        // ---- online softmax: new running max, rescale factor, P = 2^(S·c − R), c = scale·log2 e ----
+        float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
             tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
             tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
         }
-        // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
-        // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
-        // the test; their P is NaN on either path, as in rung 14.) A work tile's first tile does not vote: it
-        // has no reference yet (its limit is −inf). Otherwise rung 14's path, warp-uniformly.
-        bool rescale = false;
-        alpha[0] = alpha[1] = 1.f;
-        if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
-            // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
-            // max did not change. See softmax.cuh for why P, l and alpha must share R, and for huge |max·c|.
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
-                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 14's page).
-                const float t_max = quad_max(tile_max[r]);
-                float m_new = fmaxf(row_max[r], t_max);
-                // e = max·c − R of the kept reference (softmax.cuh), recomputed exactly as online_rescale
-                // made it (minus k for fp16 P: exact, Sterbenz); +inf before the first tile (−R = +inf).
-                const float err = fmaf(row_max[r], mul[r], row_neg_ref[r]) - row_shift[r];
-                if (fmaf(m_new - row_max[r], scale_log2, err) <= RESCALE_THRESHOLD) m_new = row_max[r];
-                const smx::RowRescale rs = smx::online_rescale<FP16>(row_max[r], err, m_new, scale_log2);
-                alpha[r] = rs.alpha;
-                row_max[r] = m_new;
-                mul[r] = rs.mul;
-                row_neg_ref[r] = rs.neg_ref;
-#if FP16
-                row_shift[r] = rs.shift;
-#endif
-                // s <= m + (threshold − err)/c, rounded DOWN (fma.rm): scores are fp32 numbers on the same
-                // grid, and near |m·c| ~ 2^29 one grid step is up to 64 units of s·c, so a limit rounded to
-                // nearest could let a score half a step past the bound through (P up to 2^31 in the model).
-                // Rounded down, a passing score is within the bound but for 1/c's own rounding: P <= 2^(8 +
-                // 1e-6). On hard rows (err = 0, ulp(m) >= 32/c) it is m itself, the test above's decision
-                // (reference.kept_limit_fp32).
-                row_limit[r] = __fmaf_rd(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);
-                row_sum[r] *= alpha[r];
-#if WRITE_LSE
-                l_fix[r] *= alpha[r];
-#endif
-            }
-            rescale = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);  // warp-uniform: a vote
-        }
+        // R = the row's fp32 reference, P = 2^(s·c − R); alpha = 2^(R_old − R_new), exactly 1 when the
+        // max did not change. See softmax.cuh for why P, l and alpha must share R, and for huge |max·c|.
+        smx::RowRescale rs[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            // P·V sums P rounded to bf16 (fp16), l unrounded. Above a kept reference a tile max's P is up to
-            // 2^8 and may dominate the row, so its rounding would not cancel in O / l: l counts the P of each
-            // thread's column max (the row max among them) rounded too (one FFMA and ex2 of that score).
-            const float p_top = smx::fast_exp2(fmaf(tile_max[r], mul[r], row_neg_ref[r]) - row_shift[r]);
-#if FP16
-            const float p_top_rounded = __half2float(__float2half_rn(p_top));
-#else
-            const float p_top_rounded = __bfloat162float(__float2bfloat16_rn(p_top));
-#endif
-            row_sum[r] += p_top_rounded - p_top;
-#if WRITE_LSE  // the LSE wants the exact sum: the fix is for O = P·V / l only
-            l_fix[r] += p_top_rounded - p_top;
-#endif
+            const float m_new = fmaxf(row_max[r], quad_max(tile_max[r]));
+            rs[r] = smx::online_rescale<FP16>(row_max[r], row_err[r], m_new, scale_log2);
+            row_err[r] = rs[r].err;
+            alpha[r] = rs[r].alpha;
+            row_max[r] = m_new;
+            row_sum[r] *= alpha[r];
         }
 #if FP16
         // fp16 P: a row with k != 0 (|max·c| >= 2^24) stores P·2^−k, with l and alpha to match (softmax.cuh).
         // Warp-uniform, so the common case below is the bf16 loop, one FFMA and one MUFU.EX2 per score.
-        if (__any_sync(0xffffffffu, row_shift[0] != 0.f || row_shift[1] != 0.f)) {
+        if (__any_sync(0xffffffffu, rs[0].shift != 0.f || rs[1].shift != 0.f)) {
 #pragma unroll
             for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[j][e] =
-                        smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]) - row_shift[e >> 1]);
+                        smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref) - rs[e >> 1].shift);
                     row_sum[e >> 1] += s[j][e];
                 }
             }
-            return rescale;
+            return;
         }
 #endif
 #pragma unroll
         for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[j][e] = smx::fast_exp2(fmaf(s[j][e], mul[e >> 1], row_neg_ref[e >> 1]));  // FFMA + MUFU.EX2
+                s[j][e] =
+                    smx::fast_exp2(fmaf(s[j][e], rs[e >> 1].mul, rs[e >> 1].neg_ref));  // FFMA + MUFU.EX2
                 row_sum[e >> 1] += s[j][e];
             }
         }
-        return rescale;
     };
     auto issue_qk = [&](int slot) {
         const uint64_t k_desc = k_desc0 + ((slot * KV_TILE_BYTES) >> 4);
@@ -528,13 +427,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             gemm_qk_async_desc<1, BLOCK_N>(s, q_desc, Q_PANEL, k_desc, KV_PANEL);
     };
 
-    // P of the previous tile (the A operand of its P·V, in flight) and of this one, packed before that P·V's
-    // wait: two buffers that trade roles every K/V tile (the loop below is unrolled by two). Without the
-    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 15.
-    uint32_t p_a[KV_STEPS][4];
-#if P_DOUBLE_BUFFER
-    uint32_t p_b[KV_STEPS][4];
-#endif
+    uint32_t p_frag[KV_STEPS][4];         // P of the previous tile, the A operand of its P·V (in flight)
     hop::PipelineState<NUM_STAGES> ring;  // the phase parity of K/V tile number `kv` 's slot
     int kv = 0;                           // K/V tiles consumed so far, over all of this CTA's work tiles
 
@@ -544,20 +437,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
         for (int j = 0; j < O_TILES; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
         row_max[0] = row_max[1] = smx::ROW_MAX_INIT;
-        // err = +inf (−R = +inf; mul <= 2^−98 for −FLT_MAX, no overflow): the first tile always takes its own
-        // max as the reference (alpha = 2^−inf = 0 scales the zero O and l). With err = 0 a scale below
-        // ~2e-38 (scale 0 is raised to FLT_MIN) would keep −FLT_MAX as the reference, c·FLT_MAX <= 8, and
-        // give every P the same rounded 2^5.8 instead of an exact 1.
-        row_neg_ref[0] = row_neg_ref[1] = CUDART_INF_F;
-        row_sum[0] = row_sum[1] = 0.f;
-        // No kept reference yet: the first tile takes the full path (a limit of −inf fails key 0's scores).
-        row_limit[0] = row_limit[1] = -CUDART_INF_F;
-#if FP16
-        row_shift[0] = row_shift[1] = 0.f;
-#endif
-#if WRITE_LSE
-        l_fix[0] = l_fix[1] = 0.f;
-#endif
+        row_err[0] = row_err[1] = row_sum[0] = row_sum[1] = 0.f;
         TRACE_BEGIN(WAIT_Q);
         hop::mbar_wait(&bar_q, it & 1);  // this work tile's Q has landed
         TRACE_END(WAIT_Q);
@@ -569,21 +449,17 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<0>();
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
             TRACE_END(S);
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            softmax_tile(0, m_start, alpha, true);
+            softmax_tile(0, m_start, alpha);
 #pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_a[ks], s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
             TRACE_END(SOFTMAX);
         }
         int pv_slot = slot;  // ring slot and phase parity of the previous tile's V
@@ -591,19 +467,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         ring.advance(slot);
         ++kv;
 
-        // Each step issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} (from p_in) as two wgmma groups,
-        // waits for the first only, runs tile nb's softmax while the tensor cores still work on P·V and packs
-        // P_nb into p_out, the other buffer, still under that P·V; then it waits for P·V and rescales O
-        // (FlashAttention-3 Sec. 3.2). ptxas moves a wgmma wait as early in its basic block as the registers
-        // allow; the anchor store below, which depends on every packed word, keeps the pack above it.
-        auto step = [&](int nb, uint32_t (&p_in)[KV_STEPS][4], uint32_t (&p_out)[KV_STEPS][4]) {
+        // Each iteration issues S_nb = Q·K_nbᵀ and then O += P_{nb-1}·V_{nb-1} as two wgmma groups, waits for
+        // the first only, and runs tile nb's softmax while the tensor cores still work on P·V; then it waits
+        // for P·V, rescales O and packs P_nb for the next iteration (FlashAttention-3 Sec. 3.2).
+        for (int nb = 1; nb < num_n_blocks; ++nb, ++kv) {
             slot = kv % NUM_STAGES;
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
             TRACE_END(S);
@@ -611,10 +482,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::mbar_wait(&bar_v[pv_slot], pv_phase);
             TRACE_END(WAIT_V);
             TRACE_BEGIN(S);
-            hop::reg_fence(p_in);
+            hop::reg_fence(p_frag);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
-            gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
+            gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
@@ -622,63 +492,33 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
             TRACE_BEGIN(SOFTMAX);
             float alpha[2];
-            const bool rescale =
-                softmax_tile(nb * BLOCK_N, m_start, alpha, false);  // under P_{nb-1}·V_{nb-1}
-            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait);
-            // with two buffers the pack of P_nb joins it: the stored word depends on every packed register.
-            uint32_t folded = 0;  // XOR of the packed words, folded in as they come (two per LOP3)
-#if P_DOUBLE_BUFFER
-#pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) {
-                pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
-                folded = hop::xor3(folded, p_out[ks][0], p_out[ks][1]);
-                folded = hop::xor3(folded, p_out[ks][2], p_out[ks][3]);
-            }
-#endif
-            const uint32_t anchor =
-                hop::xor3(folded, __float_as_uint(row_sum[0]), __float_as_uint(row_sum[1]));
-            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), __uint_as_float(anchor));
+            softmax_tile(nb * BLOCK_N, m_start, alpha);  // while P_{nb-1}·V_{nb-1} runs on the tensor cores
             TRACE_END(SOFTMAX);
+            // The softmax stays here, under P·V, rather than after the wait below (see hop::keep_above_wait).
+            hop::keep_above_wait(smem_addr(&wait_anchor[tid - PRODUCER_WARPS * 32]), row_sum[0] + row_sum[1]);
 
-            // ---- the previous tile's P·V is done: release its V, rescale O ----
-            // One wait, outside the rescale branch: wgmma.wait_group is .aligned, which for wgmma means every
-            // thread of the warpgroup executes the same instruction, and the rescale vote is only
-            // warp-uniform.
+            // ---- the previous tile's P·V is done: release its V, rescale O, P of this tile replaces it ----
             TRACE_BEGIN(PV);
             hop::wgmma_wait<0>();
             hop::reg_fence(o_acc);
-            hop::reg_fence(p_in);
+            hop::reg_fence(p_frag);
             if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);  // this warp's wgmmas no longer read V
-            if (rescale) {                                           // warp-uniform
-#pragma unroll
-                for (int j = 0; j < O_TILES; ++j) {
-                    o_acc[j][0] *= alpha[0];
-                    o_acc[j][1] *= alpha[0];
-                    o_acc[j][2] *= alpha[1];
-                    o_acc[j][3] *= alpha[1];
-                }
-            }
-#if !P_DOUBLE_BUFFER
-#pragma unroll
-            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_out[ks], s[2 * ks], s[2 * ks + 1]);
-#endif
             TRACE_END(PV);
+            TRACE_BEGIN(SOFTMAX);
+#pragma unroll
+            for (int j = 0; j < O_TILES; ++j) {
+                o_acc[j][0] *= alpha[0];
+                o_acc[j][1] *= alpha[0];
+                o_acc[j][2] *= alpha[1];
+                o_acc[j][3] *= alpha[1];
+            }
+#pragma unroll
+            for (int ks = 0; ks < KV_STEPS; ++ks) pack_p_fragment<elem>(p_frag[ks], s[2 * ks], s[2 * ks + 1]);
+            TRACE_END(SOFTMAX);
             pv_slot = slot;
             pv_phase = ring.phase;
             ring.advance(slot);  // the next use of each slot is its next phase
-            ++kv;
-        };
-#if P_DOUBLE_BUFFER
-        int nb = 1;
-        for (; nb + 1 < num_n_blocks; nb += 2) {
-            step(nb, p_a, p_b);
-            step(nb + 1, p_b, p_a);
         }
-        const bool odd = nb < num_n_blocks;  // one K/V tile left: its P ends in p_b
-        if (odd) step(nb, p_a, p_b);
-#else
-        for (int nb = 1; nb < num_n_blocks; ++nb) step(nb, p_a, p_a);
-#endif
         // Every S of this work tile is complete: the producer may load the next work tile's Q now, under
         // the last P·V and the epilogue below.
         if (lane == 0) hop::mbar_arrive(&bar_q_empty);
@@ -687,25 +527,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
         TRACE_END(WAIT_V);
-        TRACE_BEGIN(WAIT_TURN);
-        hop::named_bar_sync(my_turn, TURN_THREADS);
-        TRACE_END(WAIT_TURN);
         TRACE_BEGIN(PV);
+        hop::reg_fence(p_frag);
         hop::reg_fence(o_acc);
-#if P_DOUBLE_BUFFER
-        hop::reg_fence(p_a);
-        hop::reg_fence(p_b);
-        if (odd)
-            gemm_pv_async_desc<BLOCK_N>(o_acc, p_b, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-        else
-            gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-#else
-        hop::reg_fence(p_a);
-        gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-#endif
-        // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
+        gemm_pv_async_desc<BLOCK_N>(o_acc, p_frag, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
@@ -713,31 +538,34 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
         // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
+        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+#if WRITE_LSE || !SMEM_EPILOGUE
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+#endif
 #if WRITE_LSE
             // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
             // (mul < c) P is relative to the max itself: LSE = scale·m + ln l, in natural units so that it
             // stays finite wherever the exact LSE is (m·c could overflow where m·scale does not).
-            const float l_exact = quad_sum(row_sum[r] - l_fix[r]);  // sum P without the l fix's roundings
             if (t == 0 && row < seqlen_q) {
                 const float m = row_max[r], mul = smx::row_multiplier(m, scale_log2);
 #if FP16  // P was stored against R + k, k = ceil(m·mul − R) (0 on hard rows): ln 2·(R + k) + ln l
                 const float ref = __fmul_ru(m, mul);
-                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l_exact));
+                const float log_l = fmaf(ceilf(fmaf(m, mul, -ref)), CUDART_LN2_F, logf(l));
                 lse[bh * seqlen_q + row] =
                     mul == scale_log2 ? fmaf(ref, CUDART_LN2_F, log_l) : fmaf(m, scale, log_l);
 #else
-                lse[bh * seqlen_q + row] = mul == scale_log2
-                                               ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l_exact))
-                                               : fmaf(m, scale, logf(l_exact));
+                lse[bh * seqlen_q + row] = mul == scale_log2 ? fmaf(__fmul_ru(m, mul), CUDART_LN2_F, logf(l))
+                                                             : fmaf(m, scale, logf(l));
 #endif
             }
 #endif
+#if !SMEM_EPILOGUE  // head_dim 256: 4-byte stores, straight from the registers
+            const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
                 elem* dst =
@@ -748,15 +576,75 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
 #if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
-                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                        pack_f16x2(clamp_f16(o_acc[j][2 * r] * inv), clamp_f16(o_acc[j][2 * r + 1] * inv));
 #else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+                        pack_bf16x2(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
 #endif
                 }
             }
+#endif
         }
+#if SMEM_EPILOGUE
+        // O / l of this warp's 16 rows into its staging rows, one stmatrix.x4 per two n8 tiles: matrices (j,
+        // rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15); lane l addresses row (l % 8) + (l
+        // & 8) of the 16-byte chunk j + l / 16 (n8 tile = chunk), stored at chunk c ^ (row % 8).
+        auto pack_o = [&](float lo, float hi, float inv) -> uint32_t {
+#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
+            return pack_f16x2(clamp_f16(lo * inv), clamp_f16(hi * inv));
+#else
+            return pack_bf16x2(lo * inv, hi * inv);
+#endif
+        };
+        unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
+        __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
+        {
+            const int r = (lane & 7) + (lane & 8);
+            const uint32_t row_addr = smem_addr(o_rows) + r * O_ROW_BYTES;
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                const int c = j + (lane >> 4);
+                hop::stmatrix_x4(row_addr + ((c ^ (r & 7)) << 4), pack_o(o_acc[j][0], o_acc[j][1], inv_l[0]),
+                                 pack_o(o_acc[j][2], o_acc[j][3], inv_l[1]),
+                                 pack_o(o_acc[j + 1][0], o_acc[j + 1][1], inv_l[0]),
+                                 pack_o(o_acc[j + 1][2], o_acc[j + 1][3], inv_l[1]));
+            }
+        }
+        __syncwarp();  // the warp's rows are in shared memory for every lane
+        // Whole rows out: O_CHUNKS lanes per row, 16 bytes each (4-byte stores where O is not 16-byte
+        // aligned).
+#if STRIDED
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0 &&
+                           ((o_stride_b | o_stride_h | o_stride_s) & 7) == 0;
+#else
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
+#endif
+#pragma unroll O_COPY_UNROLL
+        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
+            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
+            const uint4 chunk =
+                *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
+            const int row = m_start + cw * WARP_ROWS + r;
+            if (row < seqlen_q) {
+#if STRIDED
+                elem* dst =
+                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + c * 8;
+#else
+                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + c * 8;
+#endif
+                if (o_vec) {  // kernel arguments: warp-uniform
+                    *reinterpret_cast<uint4*>(dst) = chunk;
+                } else {
+                    uint32_t* dst32 = reinterpret_cast<uint32_t*>(dst);
+                    dst32[0] = chunk.x;
+                    dst32[1] = chunk.y;
+                    dst32[2] = chunk.z;
+                    dst32[3] = chunk.w;
+                }
+            }
+        }
+#endif
         TRACE_END(EPILOGUE);
     }
 }

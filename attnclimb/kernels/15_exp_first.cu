@@ -1,98 +1,25 @@
-// Rung 18 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
-// the largest P afterwards, so the row-max loop leaves the path from S to P·V.
+// Rung 15 — exponentials first: a warp that keeps its softmax references computes P straight away and checks
+// the largest P afterwards, so the column-max loop leaves the path from S to P·V.
 //
-// The idea (over rung 17): rung 15's fast path decides with a vote whether the warp may keep its references
-// (every score within its row's limit), and that vote needs each thread's column maxima of the tile first: 32
-// dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential can
-// issue. In Nsight Compute's source view at 4k of the kernel that was rung 18 then (seventh session,
-// ncu_r18_4k: rung 17 with the epilogue of today's rung 19) that max section is 28 % of a consumer warp's
-// softmax samples, about 390 of its ~1 450 cycles, and the softmax as a whole (about 60 % of the warp's step)
-// no longer fits the other warpgroup's GEMMs. But the test is the same as asking
-// whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that can be asked after the
-// exponentials: so the kept-reference path computes P = 2^(s·mul − R) first, adds it to l and packs it into
-// the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue slots between MUFU.EX2,
-// whose pipe sets the pace), and votes at the end. A warp where every P <= 2^RESCALE_THRESHOLD is done: alpha
-// = 1, and the l fix takes the largest P itself (the P that rung 15 recomputed from the column max, one
-// MUFU.EX2 per row fewer). Any other warp (a new maximum past the threshold, an infinite score) restores l
-// and takes rung 17's full path from the scores, which are still in their registers: the speculative P went
-// straight into the packed buffer, which the P·V in flight does not read (two P buffers, rung 16). Only there
-// is the work spent twice, on the tiles that move a reference. Where P is not double-buffered (three consumer
-// warpgroups) the kernel is rung 17's; a warp with a shifted fp16 row (|max·c| >= 2^24) takes rung 17's full
-// path on every tile (no kept-reference shortcut: slower, as exact). Sources:
-// FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1 (online
-// softmax); PTX ISA "Warp Vote".
+// The idea (over rung 14): rung 12's fast path decides with a vote whether the warp may keep its references
+// (every score within its row's limit), and that vote needs each thread's column maxima of the tile first:
+// 32 dependent FMNMX per row (64 per thread at 128 keys), the vote and a branch before the first exponential
+// can issue (28 % of a consumer warp's softmax samples in Nsight Compute's source view at 4k). But the test
+// is the same as asking whether every P against the kept reference is at most 2^RESCALE_THRESHOLD, and that
+// can be asked after the exponentials: the kept-reference path computes P = 2^(s·mul − R) first, adds it to
+// l and packs it into the free P buffer as it comes, keeps each row's largest P (the FMNMX now fill issue
+// slots between MUFU.EX2, whose pipe sets the pace), and votes at the end. A warp where every P <=
+// 2^RESCALE_THRESHOLD is done: alpha = 1, and the l fix takes the largest P itself. Any other warp (a new
+// maximum past the threshold, an infinite score) restores l and takes rung 14's full path from the scores,
+// which are still in their registers: the speculative P went into the packed buffer that the P·V in flight
+// does not read (two P buffers, rung 13). Only there is the work spent twice, on the tiles that move a
+// reference. Where P is not double-buffered (three consumer warpgroups) the kernel is rung 14's; a warp with
+// a shifted fp16 row (|max·c| >= 2^24) takes the full path on every tile (slower, as exact).
+// Sources: FlashAttention-4 (the conditional rescale and its threshold on P); FlashAttention-2 Sec. 3.1
+// (online softmax); PTX ISA "Warp Vote".
 //
-// Everything else (the uniform warp index, P double-buffered, kept references, lazy rescale, descriptors,
-// persistent grid, ping-pong, intra-warpgroup overlap, K/V ring, tiles) is rung 17's.
-//
-// Rung 17's header, for the uniform warp index:
-//
-// Rung 17 — a warp-uniform warp index: the warpgroup's Q descriptor lives in uniform registers, so no wgmma
-// of S = Q·Kᵀ waits for its descriptor to be moved there.
-//
-// The idea (over rung 16): a wgmma takes its shared-memory descriptors from the uniform register file
-// (gdesc[URn] in SASS, one 64-bit pair per wgmma). The K and V descriptors of rungs 13–16 are built from
-// values the compiler knows to be uniform (the ring slot, the CTA's shared-memory base), so each wgmma adds a
-// constant to a uniform register. The Q descriptor depends on the consumer warpgroup's index, derived from
-// threadIdx.x / 32, which for the compiler is a per-thread value: it keeps the descriptor in ordinary
-// registers and moves it before every wgmma of S, two R2UR plus an IADD3 / IMAD.X / UMOV each (16 R2UR per S
-// group at head_dim 128), and the first wgmma of a turn waits for that chain. Reading the warp index through
-// __shfl_sync(…, 0) (the same value, from lane 0) tells the compiler that it is warp-uniform, so the
-// warpgroup index, its Q rows, the Q descriptor and the turn barriers' ids are uniform too. Sources: CUDA C++
-// Programming Guide, "Warp Shuffle Functions" (__shfl_sync); the SASS of rung 16 (cuobjdump), where the R2UR
-// sit; the same trick as CUTLASS's warp index helper (the idea only).
-//
-// Measured alone on rung 15 (the same change), this idea lost 0–3 % on the two-consumer-warpgroup builds and
-// 4–5 % at 512 keys, and won 1–2 % on the three-warpgroup (long-K/V) ones; on rung 16 it won 0.4–2.2 % on
-// every head-line shape in the A/B that compared the two (docs/rungs/17-uniform-warp.md).
-//
-// Everything else (P double-buffered, kept references, lazy rescale, descriptors, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring, tiles) is rung 16's.
-//
-// Rung 16's header, for P double-buffered:
-//
-// Rung 16 — P double-buffered: the softmax packs P of tile j into a second A-fragment buffer while the
-// tensor cores still read P of tile j − 1 for its P·V, so the pack leaves the path between a warpgroup's
-// softmax and its next turn.
-//
-// The idea (over rung 15): in rungs 9–15 the P·V wgmma of tile j − 1 reads its A operand (P, bf16 pairs in
-// registers) until its wgmma wait, so P of tile j can only be packed after that wait: BLOCK_N / 4 F2FP per
-// thread between the end of the softmax and the warpgroup's next turn, with nothing else to issue beside
-// them. With two fragment buffers that trade roles every K/V tile (the K/V loop unrolled by two), the pack
-// runs inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue
-// slots), and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4
-// registers: at 176-key tiles the consumers' 240 do not hold it (224 bytes of spills, and ptxas serialises
-// the wgmmas), so this rung's head_dim-128 tiles are 128 keys wide (FlashAttention-3's and FA4's causal and
-// FA4's non-causal tile). Where the second buffer does not fit (three consumer warpgroups at 160 registers:
-// head_dim 64 and the long-K/V tiles), P_DOUBLE_BUFFER is 0 and the kernel is rung 15's.
-// Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);
-// PTX ISA "wgmma.mma_async" (register A operands may not be modified until the wgmma is waited for).
-//
-// Everything else (kept references, lazy rescale, descriptors, persistent grid, ping-pong, intra-warpgroup
-// overlap, K/V ring) is rung 15's.
-//
-// Rung 15's header, for the kept references:
-//
-// Rung 15 — kept references skip the row-max reduction: a warp whose rows all keep their softmax reference
-// goes straight from its own columns' maxima to the exponentials.
-//
-// The idea (over rung 14): with the lazy rescale, a row keeps its reference R on almost every tile after its
-// first, and then P = 2^(s·c − R) with the mul and R it already had, alpha = 1 and no O rescale. But rung 14
-// still reduces every tile's row max over the quad (two dependent SHFLs per row), decides against it, and
-// recomputes mul, R, err and alpha (an FMUL.RP, FFMAs, one MUFU.EX2 per row) before the first exponential
-// can issue: about 150 cycles of latency with little else to issue, on the path that the other warpgroup's
-// GEMMs must cover. The lazy test needs no reduction: the row keeps R iff every score s of the tile
-// satisfies (s − m)·c + err <= 2^RESCALE_THRESHOLD, i.e. s <= m + (8 − err)/c =: the row's limit, fixed while
-// R is. So each thread compares the max of its own BLOCK_N / 4 columns with the limit, and a warp vote
-// (`vote.all`) sends warps in which every row passes down a path that uses the mul, R and shift it kept
-// (alpha = 1, no O-rescale vote); any other warp takes rung 14's path (quad max, lazy test, new reference,
-// new limit). The l fix (rung 14's page) rounds each thread's own column max, which includes the row max,
-// so every P that rung 14 rounded in l is rounded here, and a few more.
-// Sources: FlashAttention-4 (conditional rescale); FlashAttention-2 Sec. 3.1 (online softmax); PTX ISA
-// "Warp Vote" (vote.all, vote.any).
-//
-// Everything else (lazy rescale threshold, descriptors, wide tiles, persistent grid, ping-pong,
-// intra-warpgroup overlap, K/V ring) is rung 14's.
+// Everything else (uniform warp index, P double-buffered, lazy rescale, descriptors, persistent grid, staged
+// epilogue, intra-warpgroup overlap, K/V ring) is rung 14's.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -212,10 +139,21 @@ static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUM
                   NUM_THREADS * (65536 / NUM_THREADS / 8 * 8),
               "the targets of setmaxnreg fit the CTA's register pool");
 static_assert(NUM_THREADS % 128 == 0, "whole warpgroups");
-static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups (ping-pong ring)");
+static_assert(CONSUMER_WGS == 2 || CONSUMER_WGS == 3, "two or three consumer warpgroups");
 static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of the wgmma K (16)");
-static_assert(SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES,
-              "dynamic smem: 1 KB alignment slack, Q and NUM_STAGES (K, V) tiles (rungs.py smem_layout)");
+// O staged in shared memory for the stores (this rung's idea) where the staging tile fits: head_dim <= 128.
+#define SMEM_EPILOGUE (HEAD_DIM <= 128)
+constexpr uint32_t O_ROW_BYTES = HEAD_DIM * sizeof(elem);  // one row of O in the staging tile
+constexpr int O_CHUNKS = O_ROW_BYTES / 16;                 // its 16-byte chunks: 8 (head_dim 64) or 16 (128)
+constexpr uint32_t O_STAGE_BYTES = SMEM_EPILOGUE ? BLOCK_M * O_ROW_BYTES : 0;
+static_assert(
+    SMEM_BYTES == 1024 + PANELS * Q_PANEL + NUM_STAGES * 2 * KV_TILE_BYTES + O_STAGE_BYTES,
+    "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
+    "smem_layout)");
+static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
+// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
+// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
+[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
 // wgmma_desc.cuh: a descriptor's start address (bits 0-13, address >> 4) reaches 256 KB; the dynamic
 // buffer, the static shared memory (barriers, scratch: about 1.1 KB) and the 1 KB the driver reserves
 // stay below it, so base + (offset >> 4) never carries out of the field.
@@ -250,6 +188,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     unsigned char* s_q = hop::align_1024(smem_raw);         // 2 panels x BLOCK_M rows
     unsigned char* s_k = s_q + PANELS * Q_PANEL;            // NUM_STAGES K tiles
     unsigned char* s_v = s_k + NUM_STAGES * KV_TILE_BYTES;  // NUM_STAGES V tiles
+#if SMEM_EPILOGUE
+    unsigned char* s_o = s_v + NUM_STAGES * KV_TILE_BYTES;  // O staging: BLOCK_M rows
+#endif
     __shared__ __align__(8) uint64_t bar_q;
     __shared__ __align__(8) uint64_t bar_q_empty;              // every consumer warp is done with Q
     __shared__ __align__(8) uint64_t bar_k[NUM_STAGES];        // K tile of the stage has landed
@@ -260,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     const int tid = threadIdx.x, lane = tid % 32;
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform, and visibly so
-    const int g = lane / 4, t = lane % 4;
+    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -420,13 +361,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     const uint64_t k_desc0 = hop::desc_kmajor_sw128(smem_addr(s_k));
     const uint64_t v_desc0 = hop::desc_mnmajor_sw128(smem_addr(s_v), KV_PANEL);
 
-    // Ping-pong: named barrier 1 + w is warpgroup w's turn to issue wgmmas. Two warpgroups take part in
-    // each (256 threads): w waits on its own (bar.sync), the one before it in the ring 0, 1(, 2) arrives on
-    // it (bar.arrive) once it has issued its own wgmmas. The last warpgroup lets warpgroup 0 go first.
-    // (`other_turn` is the next warpgroup's barrier; with two, the other one's.)
-    const uint32_t my_turn = 1 + wg, other_turn = CONSUMER_WGS == 2 ? 2 - wg : 1 + (wg + 1) % CONSUMER_WGS;
-    constexpr uint32_t TURN_THREADS = 2 * 128;
-    if (wg == CONSUMER_WGS - 1) hop::named_bar_arrive(1, TURN_THREADS);
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
@@ -520,8 +454,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         }
         // Every row of the warp keeps its reference when each thread's columns stay within the row's limit:
         // then alpha = 1 and the kept mul, R and shift stand. (fmaxf drops NaN scores, so they do not reach
-        // the test; their P is NaN on either path, as in rung 14.) A work tile's first tile does not vote: it
-        // has no reference yet (its limit is −inf). Otherwise rung 14's path, warp-uniformly.
+        // the test; their P is NaN on either path.) A work tile's first tile does not vote: it
+        // has no reference yet (its limit is −inf). Otherwise the full path, warp-uniformly.
         bool rescale = false;
         alpha[0] = alpha[1] = 1.f;
         if (first || !__all_sync(0xffffffffu, tile_max[0] <= row_limit[0] && tile_max[1] <= row_limit[1])) {
@@ -530,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 // Lazy: keep the reference while the new max's P against it is <= 2^RESCALE_THRESHOLD (soft
-                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 14's page).
+                // rows: (m_new − m)·c + e; on hard rows c overstates it, never under: see rung 12's page).
                 const float t_max = quad_max(tile_max[r]);
                 float m_new = fmaxf(row_max[r], t_max);
                 // e = max·c − R of the kept reference (softmax.cuh), recomputed exactly as online_rescale
@@ -641,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
     // P of the previous tile (the A operand of its P·V, in flight) and of this one, packed before that P·V's
     // wait: two buffers that trade roles every K/V tile (the loop below is unrolled by two). Without the
-    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 15.
+    // second buffer (P_DOUBLE_BUFFER 0) both names are one, packed after the wait as in rung 12.
     uint32_t p_a[KV_STEPS][4];
 #if P_DOUBLE_BUFFER
     uint32_t p_b[KV_STEPS][4];
@@ -680,12 +614,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<0>();
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_0
@@ -713,9 +643,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             TRACE_BEGIN(WAIT_K);
             hop::mbar_wait(&bar_k[slot], ring.phase);
             TRACE_END(WAIT_K);
-            TRACE_BEGIN(WAIT_TURN);
-            hop::named_bar_sync(my_turn, TURN_THREADS);
-            TRACE_END(WAIT_TURN);
             TRACE_BEGIN(S);
             issue_qk(slot);
             TRACE_END(S);
@@ -726,7 +653,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             hop::reg_fence(p_in);
             hop::reg_fence(o_acc);  // the rescale before happens before the wgmmas, not during them
             gemm_pv_async_desc<BLOCK_N>(o_acc, p_in, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
             hop::wgmma_wait<1>();                                 // the older group, S, is complete
             hop::reg_fence(s);                                    // no read of S above the wgmma wait
             if (lane == 0) hop::mbar_arrive(&bar_k_empty[slot]);  // this warp's wgmmas no longer read K_nb
@@ -813,9 +739,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         TRACE_BEGIN(WAIT_V);
         hop::mbar_wait(&bar_v[pv_slot], pv_phase);
         TRACE_END(WAIT_V);
-        TRACE_BEGIN(WAIT_TURN);
-        hop::named_bar_sync(my_turn, TURN_THREADS);
-        TRACE_END(WAIT_TURN);
         TRACE_BEGIN(PV);
         hop::reg_fence(o_acc);
 #if P_DOUBLE_BUFFER
@@ -829,9 +752,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
         hop::reg_fence(p_a);
         gemm_pv_async_desc<BLOCK_N>(o_acc, p_a, v_desc0 + ((pv_slot * KV_TILE_BYTES) >> 4));
 #endif
-        // The last warpgroup's very last turn has no arrival: warpgroup 0 waits for no further turn.
-        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) || tile_of(work + gridDim.x) < num_tiles)
-            hop::named_bar_arrive(other_turn, TURN_THREADS);
         hop::wgmma_wait<0>();
         hop::reg_fence(o_acc);
         if (lane == 0) hop::mbar_arrive(&bar_v_empty[pv_slot]);
@@ -839,11 +759,14 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 
         // ---- epilogue: O / l, bf16 (fp16), rows past seqlen_q not written ----
         TRACE_BEGIN(EPILOGUE);
+        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[r]);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+#if WRITE_LSE || !SMEM_EPILOGUE
             const int row = m_start + cw * WARP_ROWS + g + 8 * r;
+#endif
 #if WRITE_LSE
             // LSE = ln(sum_j exp(scale·s_j)) = ln2·R + ln l with R the row's reference (P = 2^(s·c − R),
             // l = sum P; softmax.cuh), recomputed here exactly as the last tile computed it. On hard rows
@@ -864,6 +787,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #endif
             }
 #endif
+#if !SMEM_EPILOGUE  // head_dim 256: 4-byte stores, straight from the registers
+            const float inv = inv_l[r];
             if (row < seqlen_q) {
 #if STRIDED
                 elem* dst =
@@ -874,15 +799,79 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
 #pragma unroll
                 for (int j = 0; j < O_TILES; ++j) {
 #if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
-                    *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_f16x2(
-                        clamp_f16(o_acc[j][2 * r] * inv_l), clamp_f16(o_acc[j][2 * r + 1] * inv_l));
+                    *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                        pack_f16x2(clamp_f16(o_acc[j][2 * r] * inv), clamp_f16(o_acc[j][2 * r + 1] * inv));
 #else
                     *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                        pack_bf16x2(o_acc[j][2 * r] * inv_l, o_acc[j][2 * r + 1] * inv_l);
+                        pack_bf16x2(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
 #endif
                 }
             }
+#endif
         }
+#if SMEM_EPILOGUE
+        // O / l of this warp's 16 rows into its staging rows, one stmatrix.x4 per two n8 tiles: matrices (j,
+        // rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15); lane l addresses row (l % 8) + (l
+        // & 8) of the 16-byte chunk j + l / 16 (n8 tile = chunk), stored at chunk c ^ (row % 8).
+        auto pack_o = [&](float lo, float hi, float inv) -> uint32_t {
+#if FP16  // O lies within V's range, but its fp16-rounded P may overshoot it by 2^-11: no inf from that
+            return pack_f16x2(clamp_f16(lo * inv), clamp_f16(hi * inv));
+#else
+            return pack_bf16x2(lo * inv, hi * inv);
+#endif
+        };
+        unsigned char* o_rows = s_o + cw * WARP_ROWS * O_ROW_BYTES;  // this warp's staging rows
+#if FP16  // opaque here, so that ptxas does not keep it live from the prologue: with the second P buffer, the
+          // fp16 build with every feature would spill 32 bytes (rung 13's page, "Registers")
+        asm volatile("" : "+l"(o_rows));
+#endif
+        __syncwarp();  // every lane has read the previous work tile's rows back (their last reader)
+        {
+            const int r = (lane & 7) + (lane & 8);
+            const uint32_t row_addr = smem_addr(o_rows) + r * O_ROW_BYTES;
+#pragma unroll
+            for (int j = 0; j < O_TILES; j += 2) {
+                const int c = j + (lane >> 4);
+                hop::stmatrix_x4(row_addr + ((c ^ (r & 7)) << 4), pack_o(o_acc[j][0], o_acc[j][1], inv_l[0]),
+                                 pack_o(o_acc[j][2], o_acc[j][3], inv_l[1]),
+                                 pack_o(o_acc[j + 1][0], o_acc[j + 1][1], inv_l[0]),
+                                 pack_o(o_acc[j + 1][2], o_acc[j + 1][3], inv_l[1]));
+            }
+        }
+        __syncwarp();  // the warp's rows are in shared memory for every lane
+        // Whole rows out: O_CHUNKS lanes per row, 16 bytes each (4-byte stores where O is not 16-byte
+        // aligned).
+#if STRIDED
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0 &&
+                           ((o_stride_b | o_stride_h | o_stride_s) & 7) == 0;
+#else
+        const bool o_vec = (reinterpret_cast<unsigned long long>(o) & 15) == 0;
+#endif
+#pragma unroll O_COPY_UNROLL
+        for (int pass = 0; pass < WARP_ROWS * O_CHUNKS / 32; ++pass) {
+            const int r = pass * (32 / O_CHUNKS) + lane / O_CHUNKS, c = lane % O_CHUNKS;
+            const uint4 chunk =
+                *reinterpret_cast<const uint4*>(o_rows + r * O_ROW_BYTES + ((c ^ (r & 7)) << 4));
+            const int row = m_start + cw * WARP_ROWS + r;
+            if (row < seqlen_q) {
+#if STRIDED
+                elem* dst =
+                    o + (bh / heads_q) * o_stride_b + (bh % heads_q) * o_stride_h + row * o_stride_s + c * 8;
+#else
+                elem* dst = o + (bh * seqlen_q + row) * HEAD_DIM + c * 8;
+#endif
+                if (o_vec) {  // kernel arguments: warp-uniform
+                    *reinterpret_cast<uint4*>(dst) = chunk;
+                } else {
+                    uint32_t* dst32 = reinterpret_cast<uint32_t*>(dst);
+                    dst32[0] = chunk.x;
+                    dst32[1] = chunk.y;
+                    dst32[2] = chunk.z;
+                    dst32[3] = chunk.w;
+                }
+            }
+        }
+#endif
         TRACE_END(EPILOGUE);
     }
 }
