@@ -181,8 +181,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 // ---------------------------------------------------------------------------------------------
 // Named barriers (PTX ISA "bar, barrier"): hardware barriers 1..15 of the CTA (0 is __syncthreads'),
 // each completing when `count` threads (a multiple of the warp size) have arrived. bar.sync arrives and
-// waits; bar.arrive only arrives. Threads of a warp take part together. Rung 10 uses a pair of them to
-// take turns between the two consumer warpgroups (FlashAttention-3 Sec. 3.1).
+// waits; bar.arrive only arrives. Threads of a warp take part together. Rung 16 uses one per consumer
+// warpgroup to make them take turns on the tensor cores (FlashAttention-3 Sec. 3.1).
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
@@ -362,7 +362,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(SCALE_A));
 }
 
-// m64n80k16, A and B from shared memory (both K-major), fp32 accumulators: d[10][4]: the S of rung 14's
+// m64n80k16, A and B from shared memory (both K-major), fp32 accumulators: d[10][4]: the S of rung 12's
 // long-K/V tiles (three warpgroups, 80-key K/V tiles at head_dim 128; Rung.long_kv).
 template <int SCALE_A>
 __device__ __forceinline__ void wgmma_m64n80k16_ss(float (&d)[10][4], uint64_t desc_a, uint64_t desc_b,

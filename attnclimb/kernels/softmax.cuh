@@ -37,9 +37,9 @@
 // 2^(Δm·c) is not negligible) and FLT_MIN·s is no longer ~0 (P not uniform for scale 0).
 // The per-score work stays one FFMA and one MUFU.EX2, branch-free; per row and tile a handful of integer
 // and FP32 instructions pick mul and R.
-// Rung 14 (lazy rescale) passes a row's old max back in as m_new while the new max's P against it stays
+// Rung 12 (lazy rescale) passes a row's old max back in as m_new while the new max's P against it stays
 // <= 2^8: then α = 1 exactly, and the bounds above hold with 2^8 in place of 1 (every P <= 2^8, l <=
-// 2^8·seqlen_k, O within 2^8·Σ|V|); its page (docs/rungs/14-lazy-rescale.md) has the argument.
+// 2^8·seqlen_k, O within 2^8·Σ|V|); its page (docs/rungs/12-lazy-rescale.md) has the argument.
 //
 //
 // fp16 P (the top rung's FP16 variant). P is rounded to the input type for the P·V MMA. bf16 keeps
@@ -94,7 +94,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // the pattern (round(x) + 127) << 23, shifted out of t's bits: 0 when round(x) = −127. The clamp at −127
 // (max.NaN keeps a NaN a NaN, as MUFU.EX2 does) makes every x below it, −inf included, give +0 (as
 // ex2.approx.ftz does below −126; x in (−126.5, −126) gives a subnormal here, 0 there). Valid for x < 127.5
-// (+inf gives NaN); P never exceeds 2^8 here (rung 14's threshold).
+// (+inf gives NaN); P never exceeds 2^8 here (rung 12's threshold).
 // Cost: FMNMX, 3 FADD, 3 FFMA, SHF, FMUL on the FP32/INT pipes in place of one MUFU.EX2.
 __device__ __forceinline__ float poly_exp2(float x) {
     asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, −127), NaN stays NaN

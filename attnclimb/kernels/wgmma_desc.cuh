@@ -1,4 +1,4 @@
-// wgmma_desc.cuh — rung 13's idea: the two products of wgmma_attn.cuh on descriptors that the caller
+// wgmma_desc.cuh — rung 11's idea: the two products of wgmma_attn.cuh on descriptors that the caller
 // builds once (per work tile, or per ring slot) and that are advanced by constant adds, instead of being
 // rebuilt from a shared address before every wgmma.
 //
