@@ -14,7 +14,8 @@ Instead of copying files into ``docs/`` (two copies that drift) or rewriting the
 * ``on_page_markdown`` rewrites each relative link from "relative to where the file lies in the
   repository" to "relative to where the page lies in the site"; MkDocs then validates it like any other.
 * ``on_config`` builds the navigation from the rung pages themselves (their ``# `` titles, in file order),
-  then the other top-level pages of ``docs/`` by title, so a new page appears without editing ``mkdocs.yml``.
+  then the other top-level pages of ``docs/`` by title, then the archive under ``docs/history/`` (the pages of
+  rungs as they were before a re-cut, old numbering), so a new page appears without editing ``mkdocs.yml``.
 """
 
 from __future__ import annotations
@@ -109,8 +110,32 @@ def on_config(config):
         for page in sorted(docs.glob("*.md"))
         if page.name not in ("index.md", "kernel-abi.md")
     ]
-    config.nav = [{"The climb": "index.md"}, {"Rungs": rungs}, {"The kernel contract": "kernel-abi.md"}, *guides]
+    config.nav = [
+        {"The climb": "index.md"},
+        {"Rungs": rungs},
+        {"The kernel contract": "kernel-abi.md"},
+        *guides,
+        *_history_nav(docs),
+    ]
     return config
+
+
+def _history_nav(docs: Path) -> list:
+    """The archive under ``docs/history/``: one section per folder (its README first, by its title), then its
+    other pages by title; an archived rung page (``NN-*.md``, old numbering) is listed as "Old rung NN — ...", so
+    that the navigation never shows two different rungs under one number."""
+    sections = []
+    for folder in sorted(p for p in (docs / "history").glob("*") if p.is_dir()):
+        pages = sorted(folder.glob("*.md"), key=lambda page: (page.name != "README.md", page.name))
+        entries = []
+        for page in pages:
+            title = _nav_title(page)
+            if re.match(r"[0-9][0-9]-", page.name) and title.startswith("Rung "):
+                title = "Old rung " + title[len("Rung ") :]
+            entries.append({title: page.relative_to(docs).as_posix()})
+        if entries:
+            sections.append(entries)
+    return [{"History": [entry for section in sections for entry in section]}] if sections else []
 
 
 def on_files(files, config):

@@ -44,6 +44,9 @@ def test_site_builds_strict(tmp_path):
     assert "../../figures/rung05-swizzle128.svg" in page
     assert 'href="../../repo/attnclimb/kernels/05_tma.cu/"' in page  # the kernel source, shown in the site
     assert "mbar_arrive_expect_tx" in (site / "repo" / "attnclimb" / "kernels" / "05_tma.cu" / "index.html").read_text()
+    # the archive of the rungs before the re-cut (docs/history/before-recut/, old numbering) is part of the site
+    assert (site / "history" / "before-recut" / "index.html").is_file()  # its README.md, the archive's index
+    assert (site / "history" / "before-recut" / "14-lazy-rescale" / "index.html").is_file()
 
 
 def test_links_in_code_blocks_are_left_alone():
@@ -66,3 +69,43 @@ def test_site_uri_mapping():
     assert hooks._site_uri(REPO / "attnclimb/kernels/05_tma.cu", docs) == "repo/attnclimb/kernels/05_tma.cu.md"
     assert hooks._site_uri(REPO / "benchmarks/ab", docs) == "repo/benchmarks/ab/README.md"  # a folder: its README
     assert hooks._site_uri(REPO / "no/such/file.cu", docs) is None
+
+
+def test_history_is_in_the_navigation():
+    """docs/history/ (the pages of rungs as they were before a re-cut) is a "History" section of the navigation:
+    each folder's README (its index) first, and the archived rung pages titled "Old rung NN", so that the site never
+    lists two different rungs under one number."""
+    from types import SimpleNamespace
+
+    nav = _hooks().on_config(SimpleNamespace(docs_dir=str(REPO / "docs"), nav=None)).nav
+    history = next(entry["History"] for entry in nav if "History" in entry)
+    first = history[0]
+    assert list(first.values()) == ["history/before-recut/README.md"]
+    titles = [title for entry in history for title in entry]
+    assert "Old rung 14 — lazy rescale: keep a row's softmax reference until P would pass 2^8" in titles
+    assert not any(title.startswith("Rung ") for title in titles)
+    rungs = next(entry["Rungs"] for entry in nav if "Rungs" in entry)
+    assert all(path.startswith("rungs/") for entry in rungs for path in entry.values())
+
+
+def test_archived_pages_are_left_alone_by_the_generators():
+    """The archived pages keep no <!-- measured:... --> or <!-- figures:... --> blocks (`python -m attnclimb
+    report` and `figures` fill those of docs/rungs/ only, and the archive must not be refilled with the new rungs'
+    numbers), link none of the figures that are redrawn for the current rungs under the same names, and link only
+    files that exist (a kernel file that the re-cut deleted is named as code text at the commit that had it)."""
+    import re
+
+    pages = sorted((REPO / "docs" / "history").rglob("*.md"))
+    assert pages
+    link = re.compile(r"\]\(([^)\s]+)\)")
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for marker in ("measured:begin", "measured:end", "figures:begin", "figures:end"):
+            assert f"<!-- {marker} -->" not in text, (page.name, marker)
+        for target in link.findall(text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists(), (page.name, target)
+            # the files that `figures` and `trace` write for the current rungs (rungNN-*.svg, timelines/rungNN.png)
+            assert not re.search(r"figures/(rung\d\d-[a-z-]+\.svg|timelines/rung\d\d\.(png|json))$", target), target

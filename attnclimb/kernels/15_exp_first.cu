@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
             }
             pack_p_fragment<elem>(p_out[ks], lo, hi);
         }
-        // Rung 15's test, asked of P instead of the scores: every P of the warp's rows <=
+        // Rung 12's test, asked of P instead of the scores: every P of the warp's rows <=
         // 2^RESCALE_THRESHOLD. (An infinite score gives P = +inf and fails; a NaN score's P is NaN on either
         // path.)
         if (!__all_sync(0xffffffffu, p_max[0] <= p_limit && p_max[1] <= p_limit)) {
