@@ -1,9 +1,15 @@
-"""Figures of rungs 10-17: the ping-pong turns of the two consumer warpgroups, the persistent grid, the
-wide K/V tiles, the wgmma descriptors advanced by constant adds, the lazy rescale, the fast path for kept
-references, P in two A-fragment buffers, the warp-uniform warp index."""
+"""Figures of rungs 10-16: the persistent grid and the epilogue through shared memory, the wgmma descriptors
+advanced by constant adds, the lazy rescale with its fast path for kept references, P in two A-fragment
+buffers, the warp-uniform warp index, the exponentials before the vote, and the ping-pong turns of the
+consumer warpgroups (the only rung of them with turns: 16).
+
+Counts of machine code that a figure quotes (``*_SASS``, ``*_CYCLES``, the spill of a variant) are those of
+NVRTC 13.0 (the device's toolchain), sm_90a, read with ``cuobjdump -sass``; the functions at the end of this
+file count them from a compiled rung, and ``tests/test_figures_cpu.py`` recounts them from a fresh compile."""
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 from .. import rungs
@@ -31,7 +37,8 @@ from .style import (
 )
 
 PACK = tint(PURPLE, 0.5)  # "O *= α, pack P": the colour rung 9's schedule gives it
-WG_EDGE = (BLUE, VERMILLION)  # consumer warpgroup 0 and 1 in the lanes of rung 10's figures
+WG_EDGE = (BLUE, VERMILLION, GREEN)  # consumer warpgroups 0, 1 and 2 in the lanes of rung 16's figures
+SASS_NVRTC = "NVRTC 13.0"  # the compiler whose machine code the counts below are
 
 
 def _fmt(n: int) -> str:
@@ -46,7 +53,13 @@ def _tiles(keys: int, block_n: int) -> int:
     return -(-keys // block_n)
 
 
-# ------------------------------------------------------------------------- a toy model of rungs 10-12
+def _block_n(number: int, seqlen_k: int) -> int:
+    """The K/V tile width rung ``number`` takes for a non-causal head_dim-128 call with ``seqlen_k`` keys."""
+    r = rungs.get(number)
+    return r.long_kv[1]["block_n"] if r.takes_long_kv(seqlen_k) else r.block_n
+
+
+# ------------------------------------------------------------------- a toy model of rungs 9, 10 and 16
 
 # Schematic lengths, in time units: not measured (a trace would measure them).
 S_LEN, PV_LEN, SOFTMAX_LEN, PACK_LEN, EPILOGUE_LEN = 2, 2, 4, 1, 2
@@ -56,36 +69,58 @@ START_LEN = 1  # a CTA's start: barrier init, descriptor prefetch, setmaxnreg
 TICKS = 4  # simulation steps per time unit
 
 
-def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *, loads: bool = True) -> list:
-    """What consumer warpgroup ``wg`` of rung ``number`` does, in the kernel's order, over ``work_tiles``
-    work tiles of ``n_tiles`` K/V tiles each: a list of (op, argument). K/V loads are numbered over the
-    whole CTA (``K0``, ``V0``, ``K1``, ...), as the kernel's ring counter ``kv``; ``loads=False`` leaves
-    out the waits for them and the releases (every tile is assumed to be in shared memory)."""
-    tb = facts.turn_barriers(number)
+def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *, loads: bool = True, wgs: int = 2):
+    """What consumer warpgroup ``wg`` (of ``wgs``) of rung ``number`` does, in the kernel's order, over
+    ``work_tiles`` work tiles of ``n_tiles`` K/V tiles each: a list of (op, argument). A rung with the ping-pong
+    turns (:func:`facts.has_turns`: rung 16) waits for its turn before each group of wgmmas and passes the turn
+    on after it (the ring of ``wgs`` warpgroups that the kernel has); the rungs below issue as soon as their
+    operands are there. K/V loads are numbered over the whole CTA (``K0``, ``V0``, ``K1``, ...), as the kernel's
+    ring counter ``kv``; ``loads=False`` leaves out the waits for them and the releases (every tile is assumed
+    to be in shared memory)."""
     if work_tiles > 1 and not rungs.get(number).persistent:
         raise ValueError(f"rung {number} runs one work tile per CTA")
     q_empty = "bar_q_empty" in facts.mbarrier_counts(number)
-    my, other = tb["my_turn"][wg], tb["other_turn"][wg]
-    prog = [("arrive", tb["pre_arrive_bar"])] if wg == tb["pre_arrive_wg"] else []
+    turns = facts.has_turns(number)
+    prog = []
+    if turns:
+        tb = facts.turn_barriers(number)
+        ring = tb["rings"][wgs]
+        my, other = ring["my_turn"][wg], ring["other_turn"][wg]
+        if wg == ring["pre_arrive_wg"]:
+            prog.append(("arrive", ring["pre_arrive_bar"]))
 
     def need(*ops):
         if loads:
             prog.extend(ops)
+
+    def turn():
+        if turns:
+            prog.append(("sync", my))
+
+    def pass_turn():
+        if turns:
+            prog.append(("arrive", other))
 
     kv = 0
     for it in range(work_tiles):
         tag = "'" * it  # the second work tile's tiles are K0', V0', ...
         need(("wait_load", f"Q{it}"))
         need(("wait_load", f"K{kv}"))  # tile 0 is peeled: S only, then wait_group 0
-        prog += [("sync", my), ("issue", f"S0{tag}"), ("arrive", other), ("wait", 0)]
+        turn()
+        prog.append(("issue", f"S0{tag}"))
+        pass_turn()
+        prog.append(("wait", 0))
         need(("release", f"K{kv}"))
         prog += [("softmax", f"softmax 0{tag}"), ("alu", f"pack P0{tag}")]
         for j in range(1, n_tiles):
             kv += 1
             need(("wait_load", f"K{kv}"))
-            prog += [("sync", my), ("issue", f"S{j}{tag}")]
+            turn()
+            prog.append(("issue", f"S{j}{tag}"))
             need(("wait_load", f"V{kv - 1}"))
-            prog += [("issue", f"P{j - 1}·V{j - 1}{tag}"), ("arrive", other), ("wait", 1)]
+            prog.append(("issue", f"P{j - 1}·V{j - 1}{tag}"))
+            pass_turn()
+            prog.append(("wait", 1))
             need(("release", f"K{kv}"))
             prog += [("softmax", f"softmax {j}{tag}"), ("wait", 0)]
             need(("release", f"V{kv - 1}"))
@@ -93,9 +128,10 @@ def consumer_program(number: int, wg: int, n_tiles: int, work_tiles: int = 1, *,
         if q_empty:
             need(("release", f"Q{it}"))  # every S of this work tile is complete
         need(("wait_load", f"V{kv}"))
-        prog += [("sync", my), ("issue", f"P{n_tiles - 1}·V{n_tiles - 1}{tag}")]
-        if wg == tb["last_arrive_wg"] or (it < work_tiles - 1 and tb["skips_only_at_the_end"]):
-            prog.append(("arrive", other))
+        turn()
+        prog.append(("issue", f"P{n_tiles - 1}·V{n_tiles - 1}{tag}"))
+        if turns and (wg in ring["last_arrive_wgs"] or (it < work_tiles - 1 and tb["skips_only_at_the_end"])):
+            pass_turn()
         prog.append(("wait", 0))
         need(("release", f"V{kv}"))
         prog.append(("alu", "epilogue"))
@@ -123,9 +159,9 @@ def producer_program(number: int, n_tiles: int, work_tiles: int = 1) -> list:
 
 
 def simulate(consumers: list, producer: list | None = None) -> dict:
-    """A toy model of one CTA of rungs 10-12 on one SM: the consumer warpgroups run ``consumers`` (see
+    """A toy model of one CTA of rungs 9, 10 and 16 on one SM: the consumer warpgroups run ``consumers`` (see
     :func:`consumer_program`), the TMA thread ``producer``. The tensor cores run the wgmma groups one after
-    the other in issue order, two softmaxes at the same time share the MUFU units (each at half speed),
+    the other in issue order, softmaxes at the same time share the MUFU units (two at half speed each),
     the k-th ``bar.sync`` on a named barrier passes once it has k arrivals, a load lands ``LOAD_LEN`` after
     its issue and its slot is free once every consumer warpgroup released it. Time advances in steps of
     1/``TICKS`` unit. Returns the lanes as run-length spans ``(state, t0, t1)``, the named-barrier events
@@ -258,235 +294,17 @@ def _draw_spans(ax, spans, x0, y, unit, height, *, font=6.4, offset=0, lw=0.5):
         )
 
 
-def rung10_schedule(path):
-    r = rungs.get(10)
-    tb = facts.turn_barriers(10)
-    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
-    model = simulate([consumer_program(10, w, n_tiles, loads=False) for w in (0, 1)])
-    fig, ax = new_figure(9.6, 4.5)
-    title(
-        ax,
-        0.1,
-        4.45,
-        f"Rung 10: the two consumer warpgroups take turns on the tensor cores "
-        f"({n_tiles} K/V tiles of {r.block_n} keys; schematic, not measured)",
-    )
-    x0, x1 = 1.75, 9.45
-    unit = (x1 - x0) / float(model["end"])
-    h = 0.3
-    rows = {"wg0": 3.45, "wg1": 2.95, "tc0": 2.2, "tc1": 1.85, "mufu0": 1.1, "mufu1": 0.75}
-    names = {
-        "wg0": "consumer WG 0",
-        "wg1": "consumer WG 1",
-        "tc0": "WG 0's wgmmas",
-        "tc1": "WG 1's wgmmas",
-        "mufu0": "WG 0's exp2",
-        "mufu1": "WG 1's exp2",
-    }
-    for key, y in rows.items():
-        _draw_spans(ax, model["lanes"][key], x0, y, unit, h)
-        colour = WG_EDGE[int(key[-1])]
-        label(ax, x0 - 0.08, y + h / 2, names[key], size=7.2, ha="right", color=colour)
-    label(ax, 0.1, 2.2 + h + 0.12, "tensor cores", size=7.6, weight="bold", ha="left")
-    label(ax, 0.1, 1.1 + h + 0.12, "MUFU", size=7.6, weight="bold", ha="left")
-    # the named-barrier operations of the two warpgroups
-    for w, op, _, t in model["events"]:
-        x = x0 + float(t) * unit
-        y = rows[f"wg{w}"]
-        if op == "sync":
-            ax.plot([x], [y + h + 0.06], marker="v", ms=4.2, color=VERMILLION, zorder=6, clip_on=False)
-        else:
-            ax.plot([x], [y - 0.06], marker="^", ms=4.2, color=BLUE, zorder=6, clip_on=False)
-    pre = next(e for e in model["events"] if e[0] == tb["pre_arrive_wg"] and e[1] == "arrive")
-    label(
-        ax,
-        x0 + float(pre[3]) * unit + 0.05,
-        rows["wg1"] - 0.2,
-        f"WG {tb['pre_arrive_wg']} arrives on barrier {tb['pre_arrive_bar']} first: WG 0 goes first",
-        size=6.6,
-        ha="left",
-        color=BLUE,
-    )
-    last = max(t for w, op, bar, t in model["events"] if w != tb["last_arrive_wg"] and op == "sync")
-    label(
-        ax,
-        x0 + float(last) * unit - 0.05,
-        rows["wg1"] - 0.2,
-        "last turn: no arrival",
-        size=6.6,
-        ha="right",
-        color=VERMILLION,
-    )
-    # legend
-    lx, ly = 0.1, 0.36
-    ax.plot([lx + 0.05], [ly], marker="v", ms=4.2, color=VERMILLION)
-    label(
-        ax,
-        lx + 0.15,
-        ly,
-        f"bar.sync on its own barrier (WG 0: {tb['my_turn'][0]}, WG 1: {tb['my_turn'][1]}; "
-        f"{tb['threads']} threads each)",
-        size=6.8,
-        ha="left",
-    )
-    ax.plot([lx + 3.7], [ly], marker="^", ms=4.2, color=BLUE)
-    label(ax, lx + 3.8, ly, "bar.arrive on the other's", size=6.8, ha="left")
-    for xi, text, colour in (
-        (5.1, "issues its wgmmas", BLUE),
-        (6.2, "waits for its turn", tint(VERMILLION, 0.6)),
-        (7.3, "waits for wgmmas", PHASE_COLOURS["wait"]),
-        (8.35, "O *= α, pack P", PACK),
-    ):
-        rect(ax, xi, ly - 0.07, 0.16, 0.14, fc=colour, ec="#555555", lw=0.5)
-        label(ax, xi + 0.21, ly, text, size=6.4, ha="left")
-    label(
-        ax,
-        0.1,
-        0.1,
-        f"Illustrative lengths (units): S, P·V {S_LEN}; softmax {SOFTMAX_LEN}; rescale + pack {PACK_LEN}; issue "
-        f"{float(ISSUE_LEN)} per wgmma group; epilogue {EPILOGUE_LEN}. wgmma groups run in issue order; two "
-        "softmaxes at once share the MUFU (each at half speed).",
-        size=6.5,
-        ha="left",
-        color="#444444",
-    )
-    save(fig, path)
-
-
-def _turn_text(k: int, n_tiles: int) -> str:
-    if k == 0:
-        return "S0"
-    if k == n_tiles:
-        return f"P{k - 1}·V{k - 1}"
-    return f"S{k},\nP{k - 1}·V{k - 1}"
-
-
-def rung10_barriers(path):
-    from matplotlib.patches import Circle
-
-    r = rungs.get(10)
-    tb = facts.turn_barriers(10)
-    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
-    turns = n_tiles + 1
-    wg_threads = tb["threads"] // 2
-    fig, ax = new_figure(9.6, 4.6)
-    title(
-        ax,
-        0.1,
-        4.55,
-        f"Rung 10: who waits and who arrives on named barriers {tb['my_turn'][0]} and {tb['my_turn'][1]} "
-        f"(a work tile of {n_tiles} K/V tiles: {shapes.WAN_TEXT_TOKENS} keys)",
-    )
-    cols = 2 * turns + 1
-    xl, xr = 1.75, 9.45
-    cw = (xr - xl) / cols
-
-    def cx(c):
-        return xl + (c + 0.5) * cw
-
-    y_wg = {0: 3.35, 1: 0.75}
-    y_bar = {tb["my_turn"][0]: 2.6, tb["my_turn"][1]: 1.65}
-    bh = 0.5
-    for w, y in y_wg.items():
-        label(ax, xl - 0.1, y + bh / 2, f"consumer WG {w}", size=7.6, ha="right", color=WG_EDGE[w], weight="bold")
-        label(ax, xl - 0.1, y + bh / 2 - 0.17, f"waits on {tb['my_turn'][w]}", size=6.6, ha="right", color="#444444")
-    for b, y in y_bar.items():
-        ax.plot([xl, xr], [y, y], color="#777777", lw=0.8, zorder=1)
-        label(ax, xl - 0.1, y, f"named barrier {b}", size=7.6, ha="right", family="monospace")
-    # the pre-arrival
-    pw, pb = tb["pre_arrive_wg"], tb["pre_arrive_bar"]
-    box(
-        ax,
-        cx(0) - cw * 0.45,
-        y_wg[pw],
-        cw * 0.9,
-        bh,
-        "before\ntile 0",
-        fc="white",
-        ec=WG_EDGE[pw],
-        fontsize=6.4,
-    )
-    arrivals = {b: [] for b in y_bar}  # the column of each arrival, in order
-    arrivals[pb].append(0)
-    syncs = {b: [] for b in y_bar}
-    for k in range(turns):
-        for w in (0, 1):
-            c = 2 * k + 1 + w
-            x = cx(c)
-            box(
-                ax,
-                x - cw * 0.45,
-                y_wg[w],
-                cw * 0.9,
-                bh,
-                _turn_text(k, n_tiles),
-                fc=tint(SKY if k < n_tiles else GREEN, 0.45),
-                ec=WG_EDGE[w],
-                fontsize=6.2,
-            )
-            skipped = k == n_tiles and w != tb["last_arrive_wg"]
-            label(
-                ax,
-                x + (cw * 0.45 if skipped else 0),
-                y_wg[w] + (bh + 0.1 if w == 0 else -0.1),
-                f"turn {k}: no bar.arrive {tb['other_turn'][w]}" if skipped else f"turn {k}",
-                size=6.2,
-                color=VERMILLION if skipped else "#555555",
-                ha="right" if skipped else "center",
-            )
-            syncs[tb["my_turn"][w]].append(c)
-            if k < n_tiles or w == tb["last_arrive_wg"]:
-                arrivals[tb["other_turn"][w]].append(c)
-    for b, y in y_bar.items():
-        for phase, (ca, cs) in enumerate(zip(arrivals[b], syncs[b], strict=True)):
-            # the arrival (from the arriving warpgroup's turn) and the sync it releases
-            xa, xs = cx(ca), cx(cs)
-            wa = tb["pre_arrive_wg"] if ca == 0 else (ca - 1) % 2
-            ws = (cs - 1) % 2
-            ya = y_wg[wa] + (bh if wa == 1 else 0)
-            arrow(
-                ax, xa + (0.12 if wa == 1 else 0.1), ya, xs - 0.06, y + (-0.13 if wa == 1 else 0.13), color=BLUE, lw=0.9
-            )
-            ys = y_wg[ws] + (0 if ws == 0 else bh)
-            arrow(ax, xs, y + (0.13 if ws == 0 else -0.13), xs, ys, color=VERMILLION, lw=1.0)
-            ax.add_patch(Circle((xs, y), 0.13, fc="white", ec="#333333", lw=0.8, zorder=5))
-            label(ax, xs, y, str(phase), size=6.6, zorder=6)
-    # the counts
-    nsync = len(syncs[tb["my_turn"][0]])
-    label(
-        ax,
-        0.1,
-        0.42,
-        f"Each phase (circled) completes when {tb['threads']} threads have reached it: {wg_threads} of one "
-        f"warpgroup arriving (bar.arrive, blue) and {wg_threads} of the other waiting (bar.sync, red).",
-        size=6.9,
-        ha="left",
-    )
-    label(
-        ax,
-        0.1,
-        0.18,
-        f"{n_tiles} K/V tiles = {turns} turns per warpgroup ({tb['turn_sites']} places issue wgmmas: tile 0, the loop, "
-        f"the last P·V). Barrier {tb['my_turn'][0]}: {nsync} waits by WG 0, 1 + {len(arrivals[pb]) - 1} "
-        f"arrivals by WG {pw}; barrier {tb['my_turn'][1]}: {len(syncs[tb['my_turn'][1]])} waits by WG 1, "
-        f"{len(arrivals[tb['my_turn'][1]])} arrivals by WG 0.",
-        size=6.9,
-        ha="left",
-    )
-    save(fig, path)
-
-
-# ------------------------------------------------------------------------------------------------ rung 11
+# ------------------------------------------------------------------------------------------------ rung 10
 
 
 def _short(shape) -> str:
     return shape.label.replace("Wan2.1-", "Wan ").replace(" 720p", "").replace(" 480p", "").replace("-attn", "")
 
 
-def rung11_grid(path):
-    r = rungs.get(11)
+def rung10_grid(path):
+    r = rungs.get(10)
     sms = facts.H200_SMS
-    per_sm = facts.ctas_per_sm(11)
+    per_sm = facts.ctas_per_sm(10)
     regs = facts.registers_at_launch(r.threads)
     grid = sms * per_sm
     shape = shapes.fa_shape(1024)
@@ -498,7 +316,7 @@ def rung11_grid(path):
         ax,
         0.1,
         3.95,
-        f"Rung 11: {grid} persistent CTAs walk the work tiles blockIdx.x, blockIdx.x + gridDim.x, … "
+        f"Rung 10: {grid} persistent CTAs walk the work tiles blockIdx.x, blockIdx.x + gridDim.x, … "
         f"(one per SM of an H200)",
     )
     # left: which CTA takes which work tile, for the 1k shape
@@ -668,21 +486,21 @@ def _draw_cta(ax, model, x0, y_top, unit, offset, n_tiles, stages, *, end_q=None
     }
 
 
-def rung11_handover(path):
-    r10, r11 = rungs.get(10), rungs.get(11)
-    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r11.block_n)
-    counts = facts.mbarrier_counts(11)
-    cta10 = simulate([consumer_program(10, w, n_tiles) for w in (0, 1)], producer_program(10, n_tiles))
-    cta11 = simulate([consumer_program(11, w, n_tiles, 2) for w in (0, 1)], producer_program(11, n_tiles, 2))
-    span10 = 2 * (START_LEN + cta10["end"])
+def rung10_handover(path):
+    r9, r10 = rungs.get(9), rungs.get(10)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r10.block_n)
+    counts = facts.mbarrier_counts(10)
+    cta9 = simulate([consumer_program(9, w, n_tiles) for w in (0, 1)], producer_program(9, n_tiles))
+    cta10 = simulate([consumer_program(10, w, n_tiles, 2) for w in (0, 1)], producer_program(10, n_tiles, 2))
+    span9 = 2 * (START_LEN + cta9["end"])
     x0, x1 = 1.2, 9.45
-    unit = (x1 - x0) / float(span10)
+    unit = (x1 - x0) / float(span9)
     fig, ax = new_figure(9.6, 5.5)
     title(
         ax,
         0.1,
         5.45,
-        f"Rung 11 vs rung 10: two work tiles of {n_tiles} K/V tiles ({shapes.WAN_TEXT_TOKENS} keys) on one SM "
+        f"Rung 10 vs rung 9: two work tiles of {n_tiles} K/V tiles ({shapes.WAN_TEXT_TOKENS} keys) on one SM "
         "(toy model of the code; schematic, not measured)",
     )
 
@@ -714,12 +532,12 @@ def rung11_handover(path):
             lw=0.4,
         )
 
-    # rung 10: one CTA per work tile, one after the other on this SM
+    # rung 9: one CTA per work tile, one after the other on this SM
     label(
         ax,
         0.1,
         5.1,
-        f"rung 10: one CTA per work tile ({r10.block_n}-key tiles, {r10.stages} slots)",
+        f"rung 9: one CTA per work tile ({r9.block_n}-key tiles, {r9.stages} slots)",
         size=7.8,
         weight="bold",
         ha="left",
@@ -727,8 +545,8 @@ def rung11_handover(path):
     top = 4.85
     ys = {}
     for c in range(2):
-        off = c * (START_LEN + cta10["end"]) + START_LEN
-        ys = _draw_cta(ax, cta10, x0, top, unit, off, n_tiles, r10.stages)
+        off = c * (START_LEN + cta9["end"]) + START_LEN
+        ys = _draw_cta(ax, cta9, x0, top, unit, off, n_tiles, r9.stages)
         start_box(off - START_LEN, top + 0.12, ys["tc"] - 0.1)
         if c:
             label(
@@ -748,13 +566,13 @@ def rung11_handover(path):
                 ls="--",
             )
     lane_labels(ys)
-    # rung 11: one CTA walks both
+    # rung 10: one CTA walks both
     top = 2.6
-    label(ax, 0.1, 2.85, "rung 11: one persistent CTA walks both", size=7.8, weight="bold", ha="left")
-    ys = _draw_cta(ax, cta11, x0, top, unit, START_LEN, n_tiles, r11.stages)
+    label(ax, 0.1, 2.85, "rung 10: one persistent CTA walks both", size=7.8, weight="bold", ha="left")
+    ys = _draw_cta(ax, cta10, x0, top, unit, START_LEN, n_tiles, r10.stages)
     start_box(0, top + 0.12, ys["tc"] - 0.1)
     lane_labels(ys)
-    q1 = cta11["loads"]["Q1"]
+    q1 = cta10["loads"]["Q1"]
     xq = x0 + float(q1[0] + START_LEN) * unit
     label(
         ax,
@@ -766,10 +584,10 @@ def rung11_handover(path):
         color=VERMILLION,
     )
     ax.plot([xq] * 2, [ys["tc"] - 0.12, top + 0.2], color=VERMILLION, lw=0.9, ls="--")
-    end10 = x0 + float(span10) * unit
-    end11 = x0 + float(START_LEN + cta11["end"]) * unit
-    arrow(ax, end11, ys["tc"] - 0.2, end10, ys["tc"] - 0.2, style="<|-|>", color=BLUE, lw=0.9, mutation=6)
-    label(ax, end10, ys["tc"] - 0.33, "saved", size=6.4, ha="right", color=BLUE)
+    end9 = x0 + float(span9) * unit
+    end10 = x0 + float(START_LEN + cta10["end"]) * unit
+    arrow(ax, end10, ys["tc"] - 0.2, end9, ys["tc"] - 0.2, style="<|-|>", color=BLUE, lw=0.9, mutation=6)
+    label(ax, end9, ys["tc"] - 0.33, "saved", size=6.4, ha="right", color=BLUE)
     # legend
     ly = 0.5
     items = [
@@ -794,241 +612,122 @@ def rung11_handover(path):
         ax,
         0.1,
         0.2,
-        f"Lengths as in rung 10's figure, a load {LOAD_LEN} units, a CTA start {START_LEN}. A slot is refilled once "
-        "both consumer warpgroups released it (empty barriers); the next Q only after q_empty, i.e. after every S of "
-        "the work tile.",
+        f"Illustrative lengths (units): S, P·V {S_LEN}; softmax {SOFTMAX_LEN}; rescale + pack {PACK_LEN}; epilogue "
+        f"{EPILOGUE_LEN}; a load {LOAD_LEN}; a CTA start {START_LEN}. A slot is refilled once both consumer "
+        "warpgroups released it (empty barriers);\nthe next Q only after q_empty, i.e. after every S of the work "
+        "tile. Two softmaxes at once share the MUFU (each at half speed); wgmma groups run in issue order.",
         size=6.4,
         ha="left",
+        va="center",
         color="#444444",
     )
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 12
-
-OVERHEAD_KEYS = 24  # the drawn width of a tile's fixed overhead, in keys: schematic
-TRIED_BLOCK_N = 192  # the wider tile rung 12's page tried and did not keep
-
-
-def _key_counts() -> list:
-    """The seqlen_k of the bench shapes the page discusses: the cross-attention's text, the FA sweep's 1k,
-    4k and 16k, and the two Wan self-attentions."""
-    return [
-        shapes.WAN_TEXT_TOKENS,
-        *(s for s in shapes.FA_SEQLENS if s in (1024, 4096, 16384)),
-        shapes.WAN_SHAPE.seqlen_k,
-        shapes.WAN14B_SHAPE.seqlen_k,
-    ]
+# The epilogue's memory instructions per consumer thread in the plain head_dim-128 kernels (rung 10's 16-byte
+# path; its 4-byte fallback for unaligned O is a second copy of the row loop), NVRTC 13.0, sm_90a, from
+# `cuobjdump -sass` (epilogue_sass below; tests/test_figures_cpu.py recounts them).
+EPILOGUE_SASS = {9: {"STG.E": 32}, 10: {"STSM.16.M88.4": 8, "LDS.128": 8, "STG.E.128": 8}}
+LINE_BYTES = 128
 
 
-def rung12_tiles(path):
-    narrow, wide = rungs.get(11).block_n, rungs.get(12).block_n
-    hd = rungs.HEAD_DIM
-    steps = {bn: facts.need(12, "KV_STEPS", block_n=bn, kv_box_rows=bn) for bn in (narrow, wide)}
-    fig, ax = new_figure(9.6, 4.5, xlim=(0, 9.6), ylim=(0.4, 4.9))
-    title(
-        ax,
-        0.1,
-        4.85,
-        f"Rung 12: K/V tiles of {wide} keys instead of {narrow}: fewer tiles, so fewer per-tile overheads",
-    )
-    x0 = 1.45
-    scale = 7.6 / (1024 + (1024 // narrow) * OVERHEAD_KEYS)  # inches per key: 1024 keys fill the width
-    y = 4.25
-    for keys in (shapes.WAN_TEXT_TOKENS, 1024):
-        label(ax, 0.1, y + 0.05, f"{keys} keys", size=8, weight="bold", ha="left")
-        for bn in (narrow, wide):
-            y -= 0.36
-            label(ax, x0 - 0.08, y + 0.14, f"BLOCK_N {bn}", size=7, ha="right", family="monospace")
-            x = x0
-            for j in range(_tiles(keys, bn)):
-                valid = min(bn, keys - j * bn)
-                rect(ax, x, y, OVERHEAD_KEYS * scale, 0.28, fc=VERMILLION, ec="#555555", lw=0.4)
-                x += OVERHEAD_KEYS * scale
-                box(
-                    ax,
-                    x,
-                    y,
-                    valid * scale,
-                    0.28,
-                    str(valid),
-                    fc=tint(ROLE["K"], 0.45 if j % 2 else 0.25),
-                    rounded=False,
-                    fontsize=6.6,
-                    lw=0.4,
-                )
-                if valid < bn:
-                    box(
-                        ax,
-                        x + valid * scale,
-                        y,
-                        (bn - valid) * scale,
-                        0.28,
-                        "",
-                        fc="white",
-                        ec=GREY,
-                        rounded=False,
-                        lw=0.4,
-                        hatch="////",
-                    )
-                    label(
-                        ax,
-                        x + bn * scale + 0.05,
-                        y + 0.14,
-                        f"+{bn - valid} masked",
-                        size=6.4,
-                        ha="left",
-                        color="#555555",
-                    )
-                x += bn * scale
-        y -= 0.25
-    # the table
-    keys_list = _key_counts()
-    cols = [
-        (0.1, "seqlen_k", "left"),
-        (1.55, f"tiles of {narrow}", "right"),
-        (2.65, f"tiles of {wide}", "right"),
-        (4.1, f"last {wide}-tile", "right"),
-        (5.55, "keys computed", "right"),
-        (7.05, "fewer tiles", "right"),
-    ]
-    ty = y - 0.05
-    for xc, text, ha in cols:
-        label(ax, xc, ty, text, size=7, weight="bold", ha=ha)
-    ax.plot([0.1, 7.1], [ty - 0.12, ty - 0.12], color="#333333", lw=0.6)
-    for k, keys in enumerate(keys_list):
-        a, b = _tiles(keys, narrow), _tiles(keys, wide)
-        last = keys - (b - 1) * wide
-        computed = b * wide
-        row = (
-            _fmt(keys),
-            str(a),
-            str(b),
-            f"{last} keys" if last == wide else f"{last} + {wide - last} masked",
-            f"{_fmt(computed)} (+{100 * (computed - keys) / keys:.1f} %)",
-            f"−{100 * (a - b) / a:.0f} %",
-        )
-        for (xc, _, ha), text in zip(cols, row, strict=True):
-            label(ax, xc, ty - 0.3 - k * 0.21, text, size=6.8, ha=ha)
-    label(
-        ax,
-        7.35,
-        ty + 0.05,
-        f"per tile and warpgroup:\n\n"
-        f"S = Q·Kᵀ  {hd // 16} × m64n{narrow}k16\n"
-        f"       →  {hd // 16} × m64n{wide}k16\n"
-        f"O += P·V  {steps[narrow]} × m64n{hd}k16\n"
-        f"       →  {steps[wide]} × m64n{hd}k16\n\n"
-        "masked keys still go\nthrough the wgmmas",
-        size=6.6,
-        ha="left",
-        va="top",
-        family="monospace",
-    )
-    label(
-        ax,
-        0.1,
-        ty - 0.3 - len(keys_list) * 0.21 - 0.12,
-        "red: a tile's fixed cost besides its GEMMs and exponentials (mbarrier waits, its ping-pong turn, row max and "
-        "rescale bookkeeping, O *= α, wgmma fences); its width is illustrative.",
-        size=6.5,
-        ha="left",
-        color="#444444",
-    )
-    save(fig, path)
+def _epilogue_lines(n: int) -> int:
+    """128-byte lines a warp's epilogue stores touch, summed over its store instructions (head_dim 128)."""
+    if n == 9:  # a warp's 4-byte store covers 8 rows x 16 bytes: 8 lines
+        return EPILOGUE_SASS[9]["STG.E"] * 8
+    return EPILOGUE_SASS[10]["STG.E.128"] * 32 * 16 // LINE_BYTES  # 32 lanes x 16 contiguous bytes
 
 
-def rung12_budget(path):
+def rung10_count(path):
     import matplotlib.pyplot as plt
 
-    narrow, wide = rungs.get(11).block_n, rungs.get(12).block_n
-    stages = rungs.get(12).stages
-    creg = facts.need(12, "CONSUMER_REGS")
-    mbar_bytes = 8 * sum(facts.static_mbarriers(12).values())
-    limit = facts.SMEM_PER_CTA_MAX
-    variants = [  # (label, Rung fields changed)
-        (f"{narrow} × {stages} (rung 11)", {"block_n": narrow, "kv_box_rows": narrow}),
-        (f"{wide} × {stages} (rung 12)", {}),
-        (f"{TRIED_BLOCK_N} × {stages} (tried)", {"block_n": TRIED_BLOCK_N, "kv_box_rows": TRIED_BLOCK_N}),
-        (f"{wide} × 3", {"extra_defines": {"NUM_STAGES": 3}}),
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.6, 2.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    kinds = [
+        ("STG.E (4 B)", "STG.E", tint(VERMILLION, 0.45)),
+        ("STSM (stmatrix.x4)", "STSM.16.M88.4", tint(PURPLE, 0.45)),
+        ("LDS.128", "LDS.128", tint(SKY, 0.45)),
+        ("STG.E.128 (16 B)", "STG.E.128", tint(GREEN, 0.45)),
     ]
-    fig, (ax_r, ax_s) = plt.subplots(2, 1, figsize=(8.6, 4.6), gridspec_kw={"height_ratios": [3, 4], "hspace": 0.75})
-    # registers of a consumer thread: the arrays live across the loop
-    for yi, (_, change) in enumerate(variants[:3]):
-        o_t, s_t, kv = facts.need(12, "O_TILES", "S_TILES", "KV_STEPS", **change)
-        parts = [
-            (f"O: {o_t * 4}", o_t * 4, tint(ROLE["O"], 0.35)),
-            (f"S: {s_t * 4}", s_t * 4, tint(SKY, 0.25)),
-            (f"P: {kv * 4}", kv * 4, tint(SKY, 0.6)),
-        ]
+    for yi, n in enumerate((9, 10)):
         left = 0
-        for text, n, colour in parts:
-            ax_r.barh(yi, n, left=left, color=colour, edgecolor="white", height=0.62)
-            ax_r.text(left + n / 2, yi, text, ha="center", va="center", fontsize=7)
-            left += n
-        ax_r.text(left + 3, yi, f"{left}, {creg - left} left", va="center", fontsize=7)
-    ax_r.set_yticks(range(3), [v[0].replace(f" × {stages}", "") for v in variants[:3]], fontsize=7.5)
-    ax_r.invert_yaxis()
-    ax_r.axvline(creg, color=VERMILLION, lw=1, ls="--")
-    ax_r.text(creg + 2, -0.45, f"{creg}:\nsetmaxnreg", color=VERMILLION, fontsize=7, ha="left", va="top")
-    ax_r.set_xlim(0, 256)
-    ax_r.set_xlabel(
-        "32-bit registers of a consumer thread in o_acc (O), s (S) and p_frag (P), by BLOCK_N", fontsize=7.5
-    )
-    ax_r.set_title(
-        f"Rung 12: BLOCK_N {wide} fits the consumers' {creg} registers and the {_kb(limit)} of shared memory",
-        loc="left",
-    )
-    # dynamic shared memory of a CTA
-    for yi, (_, change) in enumerate(variants):
-        q_panel, kv_tile, total = facts.need(12, "Q_PANEL", "KV_TILE_BYTES", "SMEM_BYTES", **change)
-        st = facts.constants(12, **change).get("NUM_STAGES")
-        parts = [
-            ("", 1024, tint(GREY, 0.6)),
-            (f"Q {_kb(2 * q_panel)}", 2 * q_panel, tint(ROLE["Q"], 0.45)),
-            (f"K {st} × {_kb(kv_tile)}", st * kv_tile, tint(ROLE["K"], 0.45)),
-            (f"V {st} × {_kb(kv_tile)}", st * kv_tile, tint(ROLE["V"], 0.5)),
-        ]
-        left = 0
-        for text, n, colour in parts:
-            ax_s.barh(yi, n, left=left, color=colour, edgecolor="white", height=0.62)
-            if text:
-                ax_s.text(left + n / 2, yi, text, ha="center", va="center", fontsize=7)
-            left += n
-        fits = total + mbar_bytes <= limit
-        ax_s.text(
-            left + 2500,
-            yi,
-            f"{_fmt(total)} B" + ("" if fits else ": does not fit"),
-            va="center",
-            fontsize=7,
-            color="#333333" if fits else VERMILLION,
-        )
-    ax_s.set_yticks(range(len(variants)), [v[0] for v in variants], fontsize=7.5)
-    ax_s.invert_yaxis()
-    ax_s.axvline(limit, color=VERMILLION, lw=1, ls="--")
-    ax_s.text(limit + 2500, -0.45, f"{_fmt(limit)} B:\n{_kb(limit)}", color=VERMILLION, fontsize=7, ha="left", va="top")
-    ax_s.set_xlim(0, 340000)
-    ax_s.set_xlabel(
-        f"bytes of dynamic shared memory (BLOCK_N × stages; + {mbar_bytes} B of static mbarriers, "
-        "1 KB alignment slack in grey)",
-        fontsize=7.5,
+        for text, op, colour in kinds:
+            k = EPILOGUE_SASS[n].get(op, 0)
+            if k:
+                a0.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.6, label=text)
+                a0.text(left + k / 2, yi, str(k), ha="center", va="center", fontsize=7)
+            left += k
+        lines = _epilogue_lines(n)
+        a1.barh(yi, lines, color=tint(VERMILLION if n == 9 else GREEN, 0.45), edgecolor="white", height=0.6)
+        a1.text(lines + 4, yi, str(lines), va="center", fontsize=7)
+    for ax in (a0, a1):
+        ax.set_yticks([0, 1], ["rung 9", "rung 10"], fontsize=8)
+        ax.invert_yaxis()
+        ax.tick_params(labelsize=7)
+    a0.set_xlim(0, 60)
+    a0.set_xlabel("memory instructions per thread in the epilogue (head_dim 128)", fontsize=7.5)
+    a0.legend(fontsize=6.5, frameon=False, loc="center right")
+    a1.set_xlim(0, 300)
+    a1.set_xlabel("128-byte lines its stores touch, per warp and work tile", fontsize=7.5)
+    fig.suptitle(
+        "Storing a warp's 16 rows of O: 32 scattered 4-byte stores (rung 9) against stmatrix, a row read and "
+        "16-byte stores (rung 10)",
+        x=0.01,
+        ha="left",
+        fontsize=8.5,
     )
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 13
+def rung10_rows(path):
+    fig, ax = new_figure(8.6, 3.1)
+    chunks, rows, cw, ch = 16, 16, 0.2, 0.12
+    panels = [
+        (0.3, "rung 9: one STG.E of a warp (8 lanes x 4 B per row)", lambda r, c: r < 8 and c == 0, VERMILLION),
+        (4.6, "rung 10: one STG.E.128 of a warp (16 lanes x 16 B per row)", lambda r, c: r < 2, GREEN),
+    ]
+    for x0, text, hit, colour in panels:
+        label(ax, x0, 2.78, text, size=7.2, ha="left")
+        for r in range(rows):
+            for c in range(chunks):
+                y = 2.5 - (r + 1) * ch
+                fc = tint(colour, 0.45) if hit(r, c) else "white"
+                rect(ax, x0 + c * cw, y, cw, ch, fc=fc, ec="#BBBBBB", lw=0.4)
+        # 128-byte line boundaries: every 8 chunks of a 256-byte row
+        for c in (0, 8, 16):
+            ax.plot([x0 + c * cw] * 2, [2.5 - rows * ch, 2.5], color="#333333", lw=0.9)
+        label(
+            ax,
+            x0 + chunks * cw / 2,
+            2.5 - rows * ch - 0.13,
+            "256-byte rows of O (16 chunks of 16 B; | = 128-byte line)",
+            size=6.5,
+        )
+    label(
+        ax,
+        0.3,
+        0.18,
+        "Rung 9's store touches 8 lines and half of each 32-byte sector it writes; 32 of them per thread. Rung 10 "
+        "first puts the rows into shared memory\nwith stmatrix (the accumulator's n8 tiles are its 8 x 8 "
+        "fragments), then each store writes two whole rows: four full lines, 8 per thread.",
+        size=6.6,
+        ha="left",
+        va="center",
+    )
+    save(fig, path)
 
 
-def rung13_descriptors(path):
+# ------------------------------------------------------------------------------------------------ rung 11
+
+
+def rung11_descriptors(path):
     f = facts.descriptor_fields()
     q_panel, kv_panel, kv_tile, kv_steps, panels = facts.need(
-        13, "Q_PANEL", "KV_PANEL", "KV_TILE_BYTES", "KV_STEPS", "PANELS"
+        11, "Q_PANEL", "KV_PANEL", "KV_TILE_BYTES", "KV_STEPS", "PANELS"
     )
-    qk_steps = rungs.get(13).head_dim // 16
+    qk_steps = rungs.get(11).head_dim // 16
     row = 128  # bytes of a 64-column bf16 row (hopper.cuh PANEL_ROW_BYTES)
     fig, ax = new_figure(9.6, 5.0)
-    title(ax, 0.1, 4.95, "Rung 13: each descriptor is built once, every other one is base + a constant in bits 0–13")
+    title(ax, 0.1, 4.95, "Rung 11: each descriptor is built once, every other one is base + a constant in bits 0–13")
     bit = 9.0 / 64
     x0 = 0.3
     fields = [
@@ -1094,7 +793,7 @@ def rung13_descriptors(path):
             f"Ring slot s (K or V): base + s × (KV_TILE_BYTES >> 4) = + s × {kv_tile >> 4} "
             f"(KV_TILE_BYTES = {_fmt(kv_tile)} B, {panels} panels of {_fmt(kv_panel)} B).",
             f"The compiler folds the constants: one 64-bit add per wgmma ({qk_steps} + {kv_steps} per K/V tile), where "
-            "rung 12 masked, shifted and OR-ed",
+            "rung 10 masked, shifted and OR-ed",
             "a fresh descriptor from a per-thread shared address before each of them.",
         )
     ):
@@ -1102,112 +801,116 @@ def rung13_descriptors(path):
     save(fig, path)
 
 
-# SASS instructions of the steady loop (the innermost loop around the wait for S, `WARPGROUP.DEPBAR.LE gsb0, 0x1`)
-# of the plain head_dim-128 kernels, NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`: every opcode that the
-# change moves, and the loop's total. tests/test_build_cpu.py recounts them where cuobjdump is installed.
+# SASS instructions of the steady loop (the innermost loop around the wait for S, `WARPGROUP.DEPBAR.LE gsb0, 0x1`:
+# one K/V tile of one consumer warpgroup; steady_loop below) of the plain head_dim-128 kernels, NVRTC 13.0,
+# sm_90a: every opcode whose count the change moves by more than one, and the loop's total.
 LOOP_SASS = {
-    12: {
-        "ULOP3": 56,
-        "USHF": 27,
-        "LOP3": 34,
-        "SHF": 18,
-        "VIADD": 58,
-        "UMOV": 31,
-        "UIADD3": 35,
-        "IADD3": 1,
-        "ULEA": 9,
+    10: {
+        "ULOP3": 50,
+        "USHF": 26,
         "ULDC": 2,
-        "YIELD": 1,
-        "NOP": 0,
-        "total": 1009,
-    },
-    13: {
-        "ULOP3": 4,
-        "USHF": 1,
-        "LOP3": 6,
-        "SHF": 4,
-        "VIADD": 44,
-        "UMOV": 22,
-        "UIADD3": 41,
-        "IADD3": 15,
+        "UISETP": 3,
         "ULEA": 11,
+        "UIADD3": 33,
+        "IADD3": 0,
+        "IMAD": 10,
+        "LOP3": 2,
+        "ISETP": 32,
+        "PLOP3": 2,
+        "total": 749,
+    },
+    11: {
+        "ULOP3": 7,
+        "USHF": 4,
         "ULDC": 0,
-        "YIELD": 0,
-        "NOP": 1,
-        "total": 886,
+        "UISETP": 1,
+        "ULEA": 9,
+        "UIADD3": 40,
+        "IADD3": 16,
+        "IMAD": 22,
+        "LOP3": 5,
+        "ISETP": 34,
+        "PLOP3": 0,
+        "total": 714,
     },
 }
-# Nsight Compute, rung 12 and FA4's Hopper path at 1×16×16384 in one run (millions of warp instructions executed;
-# benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt): the uniform-datapath descriptor arithmetic this rung removes.
+# Nsight Compute at 1×16×16384 in one run, before the re-cut: the ladder's rung 12 of that time (rung 10's
+# descriptors, with 176-key tiles and the ping-pong turns) and FA4's Hopper path (millions of warp instructions
+# executed; benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt): the uniform-datapath descriptor arithmetic this rung
+# removes.
 NCU_MIX_16K = {"ULOP3": (61.9, 8.7), "USHF": (29.3, 0.0), "R2UR": (24.7, None)}
 
 
-def rung13_budget(path):
+def rung11_budget(path):
     import matplotlib.pyplot as plt
 
-    ops = [k for k in LOOP_SASS[12] if k != "total"]
+    ops = [k for k in LOOP_SASS[10] if k != "total"]
     fig, (ax_t, ax_o) = plt.subplots(2, 1, figsize=(8.6, 4.8), gridspec_kw={"height_ratios": [2, 4], "hspace": 0.7})
-    moved = {n: sum(LOOP_SASS[n][k] for k in ops) for n in (12, 13)}
-    for yi, n in enumerate((12, 13)):
+    moved = {n: sum(LOOP_SASS[n][k] for k in ops) for n in (10, 11)}
+    top = max(LOOP_SASS[n]["total"] for n in (10, 11))
+    for yi, n in enumerate((10, 11)):
         rest = LOOP_SASS[n]["total"] - moved[n]
         ax_t.barh(yi, rest, color=tint(GREY, 0.55), edgecolor="white", height=0.6)
         ax_t.barh(
-            yi, moved[n], left=rest, color=tint(VERMILLION if n == 12 else GREEN, 0.35), edgecolor="white", height=0.6
+            yi, moved[n], left=rest, color=tint(VERMILLION if n == 10 else GREEN, 0.35), edgecolor="white", height=0.6
         )
-        ax_t.text(rest / 2, yi, f"unchanged: {rest}", ha="center", va="center", fontsize=7)
+        ax_t.text(rest / 2, yi, f"other opcodes: {rest}", ha="center", va="center", fontsize=7)
         ax_t.text(rest + moved[n] / 2, yi, str(moved[n]), ha="center", va="center", fontsize=7)
-        ax_t.text(LOOP_SASS[n]["total"] + 12, yi, str(LOOP_SASS[n]["total"]), va="center", fontsize=7.5, weight="bold")
-    ax_t.set_yticks(range(2), ["rung 12", "rung 13"], fontsize=7.5)
+        ax_t.text(LOOP_SASS[n]["total"] + top * 0.01, yi, str(LOOP_SASS[n]["total"]), va="center", fontsize=7.5)
+    ax_t.set_yticks(range(2), ["rung 10", "rung 11"], fontsize=7.5)
     ax_t.invert_yaxis()
-    ax_t.set_xlim(0, 1150)
+    ax_t.set_xlim(0, top * 1.12)
     ax_t.set_xlabel(
         "SASS instructions of the steady loop (one K/V tile of one consumer warpgroup; coloured: the opcodes below)",
         fontsize=7.5,
     )
-    d = LOOP_SASS[12]["total"] - LOOP_SASS[13]["total"]
+    d = LOOP_SASS[10]["total"] - LOOP_SASS[11]["total"]
     ax_t.set_title(
-        f"Rung 13: {d} fewer instructions per K/V tile ({d / LOOP_SASS[12]['total']:.0%}), in the address and "
-        "descriptor arithmetic",
+        f"Rung 11: {d} fewer instructions per K/V tile ({d / LOOP_SASS[10]['total']:.1%}), in the address and "
+        f"descriptor arithmetic ({SASS_NVRTC})",
         loc="left",
     )
     xs = range(len(ops))
     w = 0.38
-    ax_o.bar([x - w / 2 for x in xs], [LOOP_SASS[12][k] for k in ops], w, color=tint(VERMILLION, 0.35), label="rung 12")
-    ax_o.bar([x + w / 2 for x in xs], [LOOP_SASS[13][k] for k in ops], w, color=tint(GREEN, 0.35), label="rung 13")
+    ax_o.bar([x - w / 2 for x in xs], [LOOP_SASS[10][k] for k in ops], w, color=tint(VERMILLION, 0.35), label="rung 10")
+    ax_o.bar([x + w / 2 for x in xs], [LOOP_SASS[11][k] for k in ops], w, color=tint(GREEN, 0.35), label="rung 11")
     for x, k in zip(xs, ops):
-        for dx, n in ((-w / 2, 12), (w / 2, 13)):
-            ax_o.text(x + dx, LOOP_SASS[n][k] + 1, str(LOOP_SASS[n][k]), ha="center", va="bottom", fontsize=6.2)
+        for dx, n in ((-w / 2, 10), (w / 2, 11)):
+            ax_o.text(x + dx, LOOP_SASS[n][k] + 0.6, str(LOOP_SASS[n][k]), ha="center", va="bottom", fontsize=6.2)
     ax_o.set_xticks(list(xs), ops, fontsize=7, family="monospace")
-    ax_o.set_ylim(0, 75)
+    ax_o.set_ylim(0, 1.25 * max(LOOP_SASS[n][k] for n in (10, 11) for k in ops))
     ax_o.set_ylabel("per loop iteration", fontsize=7.5)
     ax_o.legend(fontsize=7, loc="upper right", frameon=False)
     ncu = ", ".join(
-        f"{k} {r12:g} M" + ("" if fa4 is None else f" (FA4 {fa4:g} M)" if fa4 else " (FA4 ≈ 0)")
-        for k, (r12, fa4) in NCU_MIX_16K.items()
+        f"{k} {old:g} M" + ("" if fa4 is None else f" (FA4 {fa4:g} M)" if fa4 else " (FA4 ≈ 0)")
+        for k, (old, fa4) in NCU_MIX_16K.items()
     )
-    ax_o.set_title("The opcodes that change (U…: the uniform datapath)", loc="left", fontsize=7.5)
+    ax_o.set_title(
+        "The opcodes whose count changes by more than one (U…: the uniform datapath)", loc="left", fontsize=7.5
+    )
     ax_o.text(
         0.0,
         -0.3,
-        f"Nsight Compute, rung 12 at 1×16×16384, warp instructions executed: {ncu} "
-        "(benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt)",
+        f"Nsight Compute before the re-cut, the old rung 12 (these descriptors; 176-key tiles, turns) at 1×16×16384, "
+        f"warp instructions executed:\n{ncu} (benchmarks/ab/ncu_rung12_vs_fa4_16k_mix.txt)",
         transform=ax_o.transAxes,
         fontsize=6.8,
+        va="top",
         color="#444444",
     )
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 14
+# ------------------------------------------------------------------------------------------------ rung 12
 
-LAZY_SEQLEN, LAZY_ROWS, LAZY_SEED = 16384, 256, 14  # the inputs of rung 14's figures: randn, head_dim 128
+LAZY_SEQLEN, LAZY_ROWS, LAZY_SEED = 16384, 256, 14  # the inputs of rung 12's figures: randn, head_dim 128
 
 
 def _lazy_runs():
-    """Per tile of 176 keys, for LAZY_ROWS rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128), seqlen_k
-    LAZY_SEQLEN): the rows' running max, rung 13's and rung 14's references (in s·c, log2 units) and whether
-    each 16-row warp rescales O (some row's alpha != 1), from the float32 model of the kernels
-    (attnclimb.reference: online_rescale_fp32 and rung 14's test on the kept reference)."""
+    """Per K/V tile of rung 12 (BLOCK_N keys), for LAZY_ROWS rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128),
+    seqlen_k LAZY_SEQLEN): the rows' running max, rung 11's and rung 12's references (in s·c, log2 units) and
+    whether each 16-row warp rescales O (some row's alpha != 1), from the float32 model of the kernels
+    (attnclimb.reference: online_rescale_fp32 and rung 12's test on the kept reference, lazy_max_fp32)."""
     import math
 
     import torch
@@ -1219,21 +922,21 @@ def _lazy_runs():
     k = torch.randn(LAZY_SEQLEN, 128, generator=g).bfloat16().double()
     s = (q @ k.T).float()
     c = torch.tensor(ref.LOG2E / math.sqrt(128), dtype=torch.float32)
-    block_n = rungs.get(14).block_n
-    out = {"max": [], "ref13": [], "ref14": [], "warp13": [], "warp14": []}
+    block_n = _block_n(12, LAZY_SEQLEN)
+    out = {"max": [], "ref11": [], "ref12": [], "warp11": [], "warp12": []}
     state = {
-        13: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
-        14: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
+        11: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
+        12: (torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.zeros(LAZY_ROWS, 1)),
     }
     run_max = torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT)
     for n0 in range(0, LAZY_SEQLEN, block_n):
         tile = s[:, n0 : n0 + block_n].amax(-1, keepdim=True)
         run_max = torch.maximum(run_max, tile)
         out["max"].append((run_max * c).squeeze(-1))
-        for n in (13, 14):
+        for n in (11, 12):
             m, err = state[n]
             m_new = torch.maximum(m, tile)
-            if n == 14:
+            if n == 12:
                 m_new = ref.lazy_max_fp32(m, err, m_new, c, ref.RESCALE_THRESHOLD)
             alpha, _, neg_ref, err_new = ref.online_rescale_fp32(m, err, m_new, c)
             state[n] = (m_new, err_new)
@@ -1242,7 +945,7 @@ def _lazy_runs():
     return out
 
 
-def rung14_reference(path):
+def rung12_reference(path):
     import matplotlib.pyplot as plt
 
     runs = _lazy_runs()
@@ -1251,26 +954,26 @@ def rung14_reference(path):
     fig, ax = plt.subplots(figsize=(8.6, 3.4))
     xs = range(tiles)
     ax.plot(xs, [float(runs["max"][t][row]) for t in xs], color=GREY, lw=1.2, marker="o", ms=3, label="running max m·c")
-    ax.step(xs, [float(runs["ref13"][t][row]) for t in xs], where="post", color=VERMILLION, lw=1.4, label="rung 13: R")
+    ax.step(xs, [float(runs["ref11"][t][row]) for t in xs], where="post", color=VERMILLION, lw=1.4, label="rung 11: R")
     ax.step(
-        xs, [float(runs["ref14"][t][row]) for t in xs], where="post", color=GREEN, lw=1.4, ls="--", label="rung 14: R"
+        xs, [float(runs["ref12"][t][row]) for t in xs], where="post", color=GREEN, lw=1.4, ls="--", label="rung 12: R"
     )
-    moves13 = [t for t in xs if t and float(runs["ref13"][t][row]) != float(runs["ref13"][t - 1][row])]
-    moves14 = [t for t in xs if t and float(runs["ref14"][t][row]) != float(runs["ref14"][t - 1][row])]
-    for t in moves13:
+    moves11 = [t for t in xs if t and float(runs["ref11"][t][row]) != float(runs["ref11"][t - 1][row])]
+    moves12 = [t for t in xs if t and float(runs["ref12"][t][row]) != float(runs["ref12"][t - 1][row])]
+    for t in moves11:
         ax.annotate(
             "",
-            (t, float(runs["ref13"][t][row])),
-            (t, float(runs["ref13"][t][row]) - 0.35),
+            (t, float(runs["ref11"][t][row])),
+            (t, float(runs["ref11"][t][row]) - 0.35),
             arrowprops={"arrowstyle": "-|>", "color": VERMILLION, "lw": 0.8},
         )
-    ax.set_xlabel(f"K/V tile ({rungs.get(14).block_n} keys)", fontsize=8)
+    ax.set_xlabel(f"K/V tile ({_block_n(12, LAZY_SEQLEN)} keys)", fontsize=8)
     ax.set_ylabel("log2 units (s·c)", fontsize=8)
     ax.legend(fontsize=7.5, frameon=False, loc="lower right")
     ax.set_title(
         f"One row of randn Q·Kᵀ (head_dim 128, {LAZY_SEQLEN} keys), its first {tiles} tiles:\n"
-        f"rung 13 moves its reference {len(moves13)} times after the first tile (O *= alpha each time), rung 14 "
-        f"{len(moves14)} times (P against it stays <= 2^8)",
+        f"rung 11 moves its reference {len(moves11)} times after the first tile (O *= alpha each time), rung 12 "
+        f"{len(moves12)} times (P against it stays <= 2^8)",
         loc="left",
         fontsize=8.5,
     )
@@ -1278,23 +981,24 @@ def rung14_reference(path):
     save(fig, path)
 
 
-def rung14_rescales(path):
+def rung12_rescales(path):
     import matplotlib.pyplot as plt
 
     runs = _lazy_runs()
-    n = len(runs["warp13"])
+    n = len(runs["warp11"])
+    fmul = 4 * facts.need(12, "O_TILES")  # O *= alpha: the thread's O accumulators
     fig, ax = plt.subplots(figsize=(8.6, 3.2))
-    ax.plot(range(n), runs["warp13"], color=VERMILLION, lw=1.2, label="rung 13: some row's max grew")
-    ax.plot(range(n), runs["warp14"], color=GREEN, lw=1.4, label="rung 14: some row's new max would give P > 2^8")
-    f13 = sum(runs["warp13"][1:]) / (n - 1)
-    f14 = sum(runs["warp14"][1:]) / (n - 1)
-    ax.set_xlabel(f"K/V tile ({rungs.get(14).block_n} keys)", fontsize=8)
+    ax.plot(range(n), runs["warp11"], color=VERMILLION, lw=1.2, label="rung 11: some row's max grew")
+    ax.plot(range(n), runs["warp12"], color=GREEN, lw=1.4, label="rung 12: some row's new max would give P > 2^8")
+    f11 = sum(runs["warp11"][1:]) / (n - 1)
+    f12 = sum(runs["warp12"][1:]) / (n - 1)
+    ax.set_xlabel(f"K/V tile ({_block_n(12, LAZY_SEQLEN)} keys)", fontsize=8)
     ax.set_ylabel("share of 16-row warps", fontsize=8)
     ax.set_ylim(-0.03, 1.03)
     ax.legend(fontsize=7.5, frameon=False, loc="upper right")
     ax.set_title(
-        f"Warps that must rescale O (64 FMUL per thread), per tile after the first: rung 13 {f13:.0%} of them, "
-        f"rung 14 {f14:.1%}\n({LAZY_ROWS} rows of randn Q·Kᵀ, head_dim 128, {LAZY_SEQLEN} keys; the float32 model "
+        f"Warps that must rescale O ({fmul} FMUL per thread), per tile after the first: rung 11 {f11:.0%} of them, "
+        f"rung 12 {f12:.1%}\n({LAZY_ROWS} rows of randn Q·Kᵀ, head_dim 128, {LAZY_SEQLEN} keys; the float32 model "
         "of the kernels)",
         loc="left",
         fontsize=8.5,
@@ -1303,16 +1007,53 @@ def rung14_rescales(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 15
+# The dependency chain from S (the wait for the S wgmmas) to the first exponential of a score, per consumer thread
+# and K/V tile, in rung 11's steady loop and on rung 12's fast path for kept references (the plain kernels; "{n}":
+# the thread's scores, S_TILES · 4). tests/test_figures_cpu.py finds these opcodes on that path in the SASS.
+PATH_STEPS = {
+    11: [
+        ("own columns' max", "{n} FMNMX, two chains"),
+        ("quad max", "2 x 2 SHFL.BFLY + FMNMX"),
+        ("new mul, R", "FADD, LOP3,\nVIADDMNMX, FMUL.RP"),
+        ("exponentials", "{n} x (FFMA + MUFU.EX2)"),
+    ],
+    12: [
+        ("own columns' max", "{n} FMNMX, two chains"),
+        ("limit test", "2 FSETP, VOTE.ALL, BRA"),
+        ("exponentials", "{n} x (FFMA + MUFU.EX2)"),
+    ],
+}
+
+
+def rung12_path(path):
+    fig, ax = new_figure(8.6, 3.0)
+    widths = {"own columns' max": 2.0, "quad max": 1.7, "new mul, R": 1.7, "limit test": 1.5}
+    for yi, (n, steps) in enumerate(PATH_STEPS.items()):
+        scores = 4 * facts.need(n, "S_TILES")
+        y = 1.95 - 1.25 * yi
+        label(ax, 0.1, y + 0.45, f"rung {n}" + (" (every tile)" if n == 11 else " (fast path)"), size=8, ha="left")
+        x = 0.1
+        for name, what in steps:
+            w = widths.get(name, 2.2)
+            colour = SKY if name == "own columns' max" else YELLOW if name == "exponentials" else VERMILLION
+            if n == 12 and name == "limit test":
+                colour = GREEN
+            box(ax, x, y - 0.35, w, 0.7, f"{name}\n{what.format(n=scores)}", fc=tint(colour, 0.3), fontsize=6.8)
+            if name != "exponentials":
+                arrow(ax, x + w, y, x + w + 0.2, y)
+            x += w + 0.2
+    title(ax, 0.1, 2.95, "From S to the first exponential, per consumer thread and K/V tile", size=9)
+    save(fig, path)
+
 
 FAST_SEQLENS = (1024, 4096, 16384, 32760, 75600)  # the bench's self-attention lengths
 
 
 def _fast_path_shares():
-    """Per seqlen_k in FAST_SEQLENS: the share of (16-row warp, K/V tile) pairs that take rung 15's fast path
-    (every row of the warp keeps its reference: the lazy rule of rung 14 keeps it; a row's first tile never
-    does), for LAZY_ROWS rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128), 176-key tiles; the float32
-    model, attnclimb.reference), and the number of K/V tiles per row."""
+    """Per seqlen_k in FAST_SEQLENS: the share of (16-row warp, K/V tile) pairs that take rung 12's fast path
+    (every row of the warp keeps its reference under the lazy rule; a row's first tile never does), for LAZY_ROWS
+    rows of randn Q·Kᵀ (head_dim 128, scale 1/sqrt(128), the K/V tiles rung 12 takes at that length; the
+    float32 model, attnclimb.reference), and the number of K/V tiles per row and their width."""
     import math
 
     import torch
@@ -1324,9 +1065,9 @@ def _fast_path_shares():
     k = torch.randn(max(FAST_SEQLENS), 128, generator=g).bfloat16().double()
     s_all = (q @ k.T).float()
     c = torch.tensor(ref.LOG2E / math.sqrt(128), dtype=torch.float32)
-    block_n = rungs.get(15).block_n
     out = {}
     for sk in FAST_SEQLENS:
+        block_n = _block_n(12, sk)
         m, err = torch.full((LAZY_ROWS, 1), ref.ROW_MAX_INIT), torch.full((LAZY_ROWS, 1), math.inf)
         fast, tiles = 0.0, 0
         for n0 in range(0, sk, block_n):
@@ -1336,11 +1077,11 @@ def _fast_path_shares():
             fast += kept.view(-1, 16).all(-1).float().mean().item() if n0 else 0.0
             _, _, _, err = ref.online_rescale_fp32(m, err, m_new, c)
             m, tiles = m_new, tiles + 1
-        out[sk] = (fast / tiles, tiles)
+        out[sk] = (fast / tiles, tiles, block_n)
     return out
 
 
-def rung15_fastpath(path):
+def rung12_fastpath(path):
     import matplotlib.pyplot as plt
 
     shares = _fast_path_shares()
@@ -1349,10 +1090,15 @@ def rung15_fastpath(path):
     vals = [shares[sk][0] for sk in FAST_SEQLENS]
     ax.bar(xs, vals, 0.55, color=tint(GREEN, 0.35), edgecolor=GREEN)
     for x, sk in zip(xs, FAST_SEQLENS):
-        share, tiles = shares[sk]
-        ax.text(x, share + 0.02, f"{share:.0%}\n({tiles} tiles)", ha="center", va="bottom", fontsize=7)
+        share, tiles, block_n = shares[sk]
+        ax.text(x, share + 0.02, f"{share:.0%}\n({tiles} tiles of {block_n})", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(list(xs), [f"{sk:,}".replace(",", " ") for sk in FAST_SEQLENS], fontsize=7.5)
-    ax.set_xlabel("seqlen_k (K/V tiles of 176 keys per row in brackets)", fontsize=8)
+    lk = rungs.get(12).long_kv
+    ax.set_xlabel(
+        f"seqlen_k (K/V tiles per row and their keys in brackets: from {_fmt(lk[0])} keys rung 12 takes "
+        f"{lk[1]['block_m']} × {lk[1]['block_n']} tiles)",
+        fontsize=8,
+    )
     ax.set_ylabel("share of (warp, K/V tile)", fontsize=8)
     ax.set_ylim(0, 1.2)
     ax.set_title(
@@ -1366,65 +1112,27 @@ def rung15_fastpath(path):
     save(fig, path)
 
 
-# The dependency chain from S (the wait for the S wgmmas) to the first exponential of a score, per consumer thread
-# and K/V tile, in rung 14's steady loop and on rung 15's fast path (NVRTC 13.0, sm_90a SASS of the plain
-# kernels; tests/test_build_cpu.py checks the shuffles and the vote).
-PATH_STEPS = {
-    14: [
-        ("own columns' max", "88 FMNMX, two chains"),
-        ("quad max", "2 x 2 SHFL.BFLY + FMNMX"),
-        ("lazy test, new mul, R", "FADD, FFMA, FSETP, FSEL,\nLOP3, VIADDMNMX, FMUL.RP"),
-        ("exponentials", "88 x (FFMA + MUFU.EX2)"),
-    ],
-    15: [
-        ("own columns' max", "88 FMNMX, two chains"),
-        ("limit test", "2 FSETP, VOTE.ALL, BRA"),
-        ("exponentials", "88 x (FFMA + MUFU.EX2)"),
-    ],
-}
-
-
-def rung15_path(path):
-    fig, ax = new_figure(8.6, 3.0)
-    widths = {"own columns' max": 2.0, "quad max": 1.7, "lazy test, new mul, R": 2.0, "limit test": 1.5}
-    for yi, (n, steps) in enumerate(PATH_STEPS.items()):
-        y = 1.95 - 1.25 * yi
-        label(ax, 0.1, y + 0.45, f"rung {n}" + (" (every tile)" if n == 14 else " (fast path)"), size=8, ha="left")
-        x = 0.1
-        for name, what in steps:
-            w = widths.get(name, 2.2)
-            colour = SKY if name == "own columns' max" else YELLOW if name == "exponentials" else VERMILLION
-            if n == 15 and name == "limit test":
-                colour = GREEN
-            box(ax, x, y - 0.35, w, 0.7, f"{name}\n{what}", fc=tint(colour, 0.3), fontsize=6.8)
-            if name != "exponentials":
-                arrow(ax, x + w, y, x + w + 0.2, y)
-            x += w + 0.2
-    title(ax, 0.1, 2.95, "From S to the first exponential, per consumer thread and K/V tile", size=9)
-    save(fig, path)
-
-
-# ------------------------------------------------------------------------------------------------ rung 16
+# ------------------------------------------------------------------------------------------------ rung 13
 
 # One consumer warpgroup's K/V tile j in the steady loop, in schematic time units (not measured: the rung's
 # page has the measured timeline): the wait for S_j, the softmax, the pack of P_j into bf16 pairs (BLOCK_N / 4
-# F2FP per thread), the wait for P_{j-1}·V_{j-1} and the warpgroup's next turn.
+# F2FP per thread), the wait for P_{j-1}·V_{j-1} and the warpgroup's next wgmmas.
 CHAIN_SOFTMAX, CHAIN_PACK, CHAIN_RESCALE = 5.0, 1.1, 0.5
 
 
-def rung16_chain(path):
+def rung13_chain(path):
     fig, ax = new_figure(8.6, 3.3)
     x0, unit = 1.25, 0.9
-    kv15, kv16 = facts.need(15, "KV_STEPS"), facts.need(16, "KV_STEPS")
+    kv12, kv13 = facts.need(12, "KV_STEPS"), facts.need(13, "KV_STEPS")
     lanes = [  # (y, rung, the steps after the wait for S_j)
         (
             2.15,
-            15,
+            12,
             [("softmax of S_j", CHAIN_SOFTMAX, YELLOW), ("wait\nP·V", 0.6, GREY), ("pack P_j", CHAIN_PACK, PACK)],
         ),
         (
             0.95,
-            16,
+            13,
             [
                 ("softmax of S_j, pack P_j\ninto the other buffer", CHAIN_SOFTMAX + 0.25, YELLOW),
                 ("wait\nP·V", 0.6, GREY),
@@ -1432,13 +1140,13 @@ def rung16_chain(path):
         ),
     ]
     for y, n, steps in lanes:
-        kv = kv15 if n == 15 else kv16
+        kv = kv12 if n == 12 else kv13
         label(ax, 0.1, y + 0.28, f"rung {n}", size=8, ha="left", weight="bold")
         label(
             ax,
             0.1,
             y - 0.02,
-            f"{kv * 4} F2FP" + (" after\nthe wait" if n == 15 else " under\nP·V"),
+            f"{kv * 4} F2FP" + (" after\nthe wait" if n == 12 else " under\nP·V"),
             size=6.5,
             ha="left",
         )
@@ -1447,19 +1155,19 @@ def rung16_chain(path):
             w = length * unit * 0.9
             box(ax, x, y - 0.05, w, 0.5, name, fc=tint(colour, 0.35), fontsize=6.6)
             x += w
-        box(ax, x + 0.05, y - 0.05, 0.9, 0.5, "next turn:\nS_j+1, P_j·V_j", fc=tint(SKY, 0.35), fontsize=6.4)
-        # the tensor cores: P_{j-1}·V_{j-1} in flight from the turn before until its wait
-        pv_end = x0 + (CHAIN_SOFTMAX + (0.25 if n == 16 else 0)) * unit * 0.9
+        box(ax, x + 0.05, y - 0.05, 0.9, 0.5, "next issue:\nS_j+1, P_j·V_j", fc=tint(SKY, 0.35), fontsize=6.4)
+        # the tensor cores: P_{j-1}·V_{j-1} in flight from the issue before until its wait
+        pv_end = x0 + (CHAIN_SOFTMAX + (0.25 if n == 13 else 0)) * unit * 0.9
         rect(ax, x0, y - 0.42, pv_end - x0, 0.24, fc=tint(GREEN, 0.4), ec=GREEN)
-        buf = "p_a" if n == 16 else "p_frag"
+        buf = "p_a" if n == 13 else "p_frag"
         label(ax, x0 + 0.08, y - 0.30, f"tensor cores: P_j-1·V_j-1 (reads {buf})", size=6.3, ha="left")
-    title(ax, 0.1, 3.22, "After the softmax of tile j: what stands between a warpgroup and its next turn", size=9)
+    title(ax, 0.1, 3.22, "After the softmax of tile j: what stands between a warpgroup and its next wgmmas", size=9)
     label(
         ax,
         0.1,
         0.22,
-        "P_j-1·V_j-1 reads its A operand from registers until its wgmma wait, so with one buffer (rung 15) P_j is "
-        "packed after that wait;\nwith two (rung 16, p_a / p_b trading roles every tile) the F2FPs run beside the "
+        "P_j-1·V_j-1 reads its A operand from registers until its wgmma wait, so with one buffer (rung 12) P_j is "
+        "packed after that wait;\nwith two (rung 13, p_a / p_b trading roles every tile) the F2FPs run beside the "
         "exponentials, and only the rare O rescale follows the wait.",
         size=6.6,
         ha="left",
@@ -1468,23 +1176,33 @@ def rung16_chain(path):
     save(fig, path)
 
 
-# BLOCK_N 176 with two P buffers: ptxas's report for that build (sm_90a, NVRTC 13.0), quoted on the page.
-TWO_P_AT_176_SPILL_BYTES = 224
+# ptxas's spill (bytes of stores, bytes of loads per thread) of rung 13's three-consumer-warpgroup long-K/V build
+# with two P buffers forced on (P_DOUBLE_BUFFER 1, which the kernel leaves off there), NVRTC 13.0, sm_90a
+# (three_warpgroup_two_p_spill below; tests/test_figures_cpu.py recompiles it).
+THREE_WG_TWO_P_SPILL = (96, 144)
 
 
-def rung16_budget(path):
+def rung13_budget(path):
     import matplotlib.pyplot as plt
 
-    creg = facts.need(16, "CONSUMER_REGS")
-    wide, narrow = rungs.get(15).block_n, rungs.get(16).block_n
-    variants = [  # (label, rung, Rung fields changed, P buffers)
-        (f"rung 15: {wide} keys, one P", 15, {}, 1),
-        (f"two P at {wide} keys", 16, {"block_n": wide, "kv_box_rows": wide}, 2),
-        (f"rung 16: {narrow} keys, two P", 16, {}, 2),
+    r12 = rungs.get(12)
+    bn = r12.block_n
+    three = dict(rungs.get(13).long_kv[1])  # the three-consumer-warpgroup tiles (long K/V)
+    variants = [  # (label, rung, Rung fields changed)
+        (f"rung 12: {bn}-key tiles", 12, {}),
+        (f"rung 13: {bn}-key tiles", 13, {}),
+        (f"rung 13, three WGs: {three['block_m']} × {three['block_n']}", 13, three),
+        (
+            "the same with two P (not built)",
+            13,
+            {**three, "extra_defines": {**rungs.get(13).extra_defines, "P_DOUBLE_BUFFER": 1}},
+        ),
     ]
-    fig, ax = plt.subplots(figsize=(8.6, 2.5))
-    for yi, (_, n, change, buffers) in enumerate(variants):
-        o_t, s_t, kv = facts.need(n, "O_TILES", "S_TILES", "KV_STEPS", **change)
+    fig, ax = plt.subplots(figsize=(8.6, 2.9))
+    for yi, (_, n, change) in enumerate(variants):
+        c = facts.constants(n, **change)
+        o_t, s_t, kv, creg = c["O_TILES"], c["S_TILES"], c["KV_STEPS"], c["CONSUMER_REGS"]
+        buffers = 2 if c.get("P_DOUBLE_BUFFER", 0) else 1
         parts = [(f"O: {o_t * 4}", o_t * 4, tint(ROLE["O"], 0.35)), (f"S: {s_t * 4}", s_t * 4, tint(SKY, 0.25))]
         parts += [(f"P: {kv * 4}", kv * 4, tint(ORANGE, 0.3 + 0.25 * b)) for b in range(buffers)]
         left = 0
@@ -1492,20 +1210,25 @@ def rung16_budget(path):
             ax.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.62)
             ax.text(left + k / 2, yi, text, ha="center", va="center", fontsize=7)
             left += k
-        note = f"{left}, {creg - left} left" if left < creg else f"{left}: ptxas spills {TWO_P_AT_176_SPILL_BYTES} B"
-        ax.text(min(left, creg) + 3, yi, note, va="center", fontsize=7, color=VERMILLION if left >= creg else "black")
+        ax.plot([creg, creg], [yi - 0.4, yi + 0.4], color=VERMILLION, lw=1.2)
+        spills = change.get("extra_defines", {}).get("P_DOUBLE_BUFFER") == 1
+        if spills:
+            st, ld = THREE_WG_TWO_P_SPILL
+            note = f"{left} of {creg}: ptxas spills ({st} B stored, {ld} B loaded)"
+        else:
+            note = f"{left} of {creg}, {creg - left} left"
+        ax.text(creg + 3, yi, note, va="center", fontsize=7, color=VERMILLION if spills else "black")
     ax.set_yticks(range(len(variants)), [v[0] for v in variants], fontsize=7.5)
     ax.invert_yaxis()
-    ax.axvline(creg, color=VERMILLION, lw=1, ls="--")
-    ax.set_xlim(0, 300)
+    ax.set_xlim(0, 400)
     ax.set_xlabel(
-        "32-bit registers of a consumer thread held across the loop in O, S and the P buffers (the rest: addresses, "
-        "row state)",
+        "32-bit registers of a consumer thread held across the loop in O, S and the P buffers (red: its setmaxnreg "
+        "budget; the rest holds addresses, row state)",
         fontsize=7.5,
     )
+    c2, c3 = facts.need(13, "CONSUMER_REGS"), facts.need(13, "CONSUMER_REGS", **three)
     ax.set_title(
-        f"The second P buffer costs BLOCK_N / 4 registers: it fits the consumers' {creg} at {narrow}-key tiles, "
-        f"not at {wide}",
+        f"A second P buffer costs BLOCK_N / 4 registers: it fits two consumer warpgroups' {c2}, not three's {c3}",
         loc="left",
         fontsize=8.5,
     )
@@ -1513,20 +1236,20 @@ def rung16_budget(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 17
+# ------------------------------------------------------------------------------------------------ rung 14
 
 # SASS instructions that issue one S group (from the WARPGROUP.ARRIVE before it to its last wgmma) in the steady
 # loop of the plain head_dim-128 kernels (the first of its two, unrolled by two; the kernel's first S group is
-# peeled before it), NVRTC 13.0, sm_90a, counted from `cuobjdump -sass`; and the whole kernel's R2UR and
-# instruction count. tests/test_build_cpu.py recounts them where cuobjdump is installed.
+# peeled before it), NVRTC 13.0, sm_90a (s_group_sass below); and the whole kernel's R2UR and instruction count.
+# tests/test_figures_cpu.py recounts them.
 S_GROUP_SASS = {
-    16: {"HGMMA": 8, "R2UR": 16, "IADD3": 7, "IMAD": 8, "UIADD3": 14, "UMOV": 9, "WARPGROUP": 1},
-    17: {"HGMMA": 8, "UIADD3": 28, "UMOV": 25, "WARPGROUP": 1},
+    13: {"HGMMA": 8, "R2UR": 14, "IADD3": 6, "IMAD": 7, "UIADD3": 14, "UMOV": 7, "WARPGROUP": 1},
+    14: {"HGMMA": 8, "UIADD3": 28, "UMOV": 25, "WARPGROUP": 1},
 }
-KERNEL_SASS = {16: {"R2UR": 139, "total": 3808}, 17: {"R2UR": 11, "total": 3672}}
+KERNEL_SASS = {13: {"R2UR": 138, "total": 3888}, 14: {"R2UR": 11, "total": 3768}}
 
 
-def rung17_sgroup(path):
+def rung14_sgroup(path):
     import matplotlib.pyplot as plt
 
     classes = [  # (label, opcodes, colour)
@@ -1536,7 +1259,7 @@ def rung17_sgroup(path):
         ("uniform-datapath ops", ("UIADD3", "UMOV", "ULOP3", "USHF", "WARPGROUP"), tint(GREEN, 0.35)),
     ]
     fig, ax = plt.subplots(figsize=(8.6, 2.4))
-    for yi, n in enumerate((16, 17)):
+    for yi, n in enumerate((13, 14)):
         ops, left = S_GROUP_SASS[n], 0
         for text, names, colour in classes:
             k = sum(ops.get(o, 0) for o in names)
@@ -1546,13 +1269,16 @@ def rung17_sgroup(path):
             left += k
         kern = KERNEL_SASS[n]
         ax.text(left + 1, yi, f"{left} (kernel: {kern['R2UR']} R2UR of {_fmt(kern['total'])})", va="center", fontsize=7)
-    ax.set_yticks([0, 1], ["rung 16", "rung 17"], fontsize=8)
+    ax.set_yticks([0, 1], ["rung 13", "rung 14"], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel("SASS instructions that issue the 8 wgmmas of one S group (plain head_dim-128 kernel)", fontsize=7.5)
+    ax.set_xlabel(
+        f"SASS instructions that issue the 8 wgmmas of one S group (plain head_dim-128 kernel, {SASS_NVRTC})",
+        fontsize=7.5,
+    )
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(
-        "Issuing S = Q·Kᵀ: rung 16 moves each Q descriptor into uniform registers (2 R2UR per wgmma), rung 17 "
+        "Issuing S = Q·Kᵀ: rung 13 moves each Q descriptor into uniform registers (2 R2UR per wgmma), rung 14 "
         "keeps it there",
         loc="left",
         fontsize=8.5,
@@ -1561,12 +1287,12 @@ def rung17_sgroup(path):
     save(fig, path)
 
 
-def rung17_path(path):
+def rung14_path(path):
     fig, ax = new_figure(8.6, 2.9)
     lanes = [
         (
             1.85,
-            16,
+            13,
             [
                 ("threadIdx.x / 32", SKY),
                 ("wg, Q rows", SKY),
@@ -1578,7 +1304,7 @@ def rung17_path(path):
         ),
         (
             0.75,
-            17,
+            14,
             [
                 ("__shfl_sync(\nthreadIdx.x / 32, 0)", GREEN),
                 ("wg, Q rows", GREEN),
@@ -1614,22 +1340,27 @@ def rung17_path(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 18
+# ------------------------------------------------------------------------------------------------ rung 15
 
-# Static issue cycles (the stall counts in the SASS control bits, NVRTC 13.0, sm_90a, plain head_dim-128 kernel)
-# along the kept-reference path of one K/V tile's softmax, from the S wait to the P·V wait, at the K/V loop's
-# second step: the 4-bit stall field (bits 41-44 of each instruction's second word in `cuobjdump -sass`) summed
-# along that path, taken branches followed (eighth session, by hand; the page says how), on the kernels numbered
-# 18 and 19 until the fifteenth session: rungs 17 and 18 with rung 19's staged epilogue, the same softmax code.
+# Static issue cycles (the stall counts in the SASS control bits: bits 41-44 of each instruction's second word in
+# `cuobjdump -sass`) summed along the fastest path of one K/V tile's softmax, from the S wait to the P·V wait, at
+# the K/V loop's second step, and where that path reaches its vote (VOTE.ALL) and its first MUFU.EX2: the
+# kept-reference path (no masked keys, no O rescale) of the plain head_dim-128 kernels, NVRTC 13.0, sm_90a
+# (softmax_path_cycles below; tests/test_figures_cpu.py recounts them).
 SOFTMAX_PATH_CYCLES = {
-    17: (("row-max loop (64 FMNMX), vote", 169), ("exponentials, l, pack, anchor", 578)),
-    18: (("exponentials, l, P max, pack", 548), ("vote, l fix", 56), ("pack fold, anchor", 72)),
+    14: {"vote": 153, "first_ex2": 188, "total": 748},
+    15: {"vote": 550, "first_ex2": 14, "total": 648},
 }
-# Rung 17 with rung 19's epilogue (the ladder's rung 18 until the fifteenth session) at 4k (B4 H16 S4096), Nsight
-# Compute's source view (seventh session, 85de7ef, SM clock locked at
-# 1.33 GHz): the warp-state samples of the consumer warps in the two steps of the unrolled K/V loop, by phase
-# (benchmarks/ab/ncu_rung18_4k_phases_85de7ef.txt).
-NCU_R18_4K_PHASES = (
+SOFTMAX_PATH_PARTS = {  # what each rung's path does before its vote, and from the vote on
+    14: ("column max\n({n} FMNMX), test", "vote, exponentials, l, pack P, anchor"),
+    15: ("exponentials, l, largest P ({n} FMNMX), pack P", "vote, l fix,\nanchor"),
+}
+# Before the re-cut, the ladder's rung 17 with the staged epilogue and the ping-pong turns (the softmax of rung
+# 14, below this rung's idea) at 4k (B4 H16 S4096), Nsight Compute's source view (seventh session,
+# 85de7ef, SM clock locked at 1.33 GHz): the warp-state samples of the consumer warps in the two steps of the
+# unrolled K/V loop, by phase (benchmarks/ab/ncu_rung18_4k_phases_85de7ef.txt). "turn": the ping-pong wait,
+# which the rungs below 16 no longer have.
+NCU_OLD17_4K_PHASES = (
     ("K wait", 3422),
     ("turn", 2732),
     ("S issue", 6395),
@@ -1642,33 +1373,37 @@ NCU_R18_4K_PHASES = (
 )
 
 
-def rung18_path(path):
+def rung15_path(path):
     import matplotlib.pyplot as plt
 
-    colours = {
-        "row-max loop (64 FMNMX), vote": tint(VERMILLION, 0.45),
-        "exponentials, l, pack, anchor": tint(GREEN, 0.4),
-        "exponentials, l, P max, pack": tint(GREEN, 0.4),
-        "vote, l fix": tint(VERMILLION, 0.3),
-        "pack fold, anchor": tint(SKY, 0.4),
-    }
-    fig, ax = plt.subplots(figsize=(8.6, 2.2))
-    for yi, n in enumerate((17, 18)):
+    fig, ax = plt.subplots(figsize=(8.6, 2.4))
+    for yi, n in enumerate((14, 15)):
+        cyc = SOFTMAX_PATH_CYCLES[n]
+        scores = 4 * facts.need(n, "S_TILES")
+        before, after = SOFTMAX_PATH_PARTS[n]
+        parts = [
+            (before.format(n=scores), cyc["vote"], tint(VERMILLION if n == 14 else GREEN, 0.4)),
+            (after.format(n=scores), cyc["total"] - cyc["vote"], tint(GREEN if n == 14 else VERMILLION, 0.3)),
+        ]
         left = 0
-        for text, cyc in SOFTMAX_PATH_CYCLES[n]:
-            ax.barh(yi, cyc, left=left, color=colours[text], edgecolor="white", height=0.6)
-            ax.text(left + cyc / 2, yi, f"{text}\n{cyc}", ha="center", va="center", fontsize=6.5)
-            left += cyc
+        for text, k, colour in parts:
+            ax.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.6)
+            ax.text(left + k / 2, yi, f"{text}\n{k}", ha="center", va="center", fontsize=6.4)
+            left += k
         ax.text(left + 8, yi, f"{left} cycles", va="center", fontsize=7)
-    ax.set_yticks([0, 1], ["rung 17", "rung 18"], fontsize=8)
+        x = cyc["first_ex2"]
+        ax.plot([x], [yi - 0.36], marker="v", ms=5, color="#333333", clip_on=False)
+        ax.text(x + 6, yi - 0.42, f"first MUFU.EX2 at {x}", fontsize=6.3, ha="left", va="bottom")
+    ax.set_yticks([0, 1], ["rung 14", "rung 15"], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 880)
+    ax.set_ylim(1.5, -0.75)
     ax.set_xlabel(
-        "static issue cycles from the S wait to the P·V wait, kept references (SASS stall counts, NVRTC 13.0)",
+        f"static issue cycles from the S wait to the P·V wait, kept references (SASS stall counts, {SASS_NVRTC})",
         fontsize=7.5,
     )
     ax.set_title(
-        "One K/V tile's softmax: rung 17 finds each row's column max before the first exponential, rung 18 after",
+        "One K/V tile's softmax: rung 14 finds each row's column max before the first exponential, rung 15 after",
         loc="left",
         fontsize=8.5,
     )
@@ -1676,13 +1411,13 @@ def rung18_path(path):
     save(fig, path)
 
 
-def rung18_samples(path):
+def rung15_samples(path):
     import matplotlib.pyplot as plt
 
-    total = sum(k for _, k in NCU_R18_4K_PHASES)
+    total = sum(k for _, k in NCU_OLD17_4K_PHASES)
     fig, ax = plt.subplots(figsize=(8.6, 1.9))
     left = 0
-    for text, k in NCU_R18_4K_PHASES:
+    for text, k in NCU_OLD17_4K_PHASES:
         share = 100 * k / total
         hot = text == "row max, vote"
         colour = tint(VERMILLION, 0.45) if hot else tint(GREEN if "exponentials" in text else SKY, 0.35)
@@ -1690,10 +1425,11 @@ def rung18_samples(path):
         if share > 4:
             ax.text(left + share / 2, 0, f"{text}\n{share:.0f} %", ha="center", va="center", fontsize=6.3)
         left += share
-    ax.set_yticks([0], ["rung 17 + staged O, 4k"], fontsize=8)
+    ax.set_yticks([0], ["old rung 17, 4k"], fontsize=8)
     ax.set_xlim(0, 100)
     ax.set_xlabel(
-        "share of a consumer warp's warp-state samples per K/V tile (Nsight Compute source view, 1.33 GHz)",
+        "share of a consumer warp's warp-state samples per K/V tile (Nsight Compute source view, 1.33 GHz; "
+        "measured before the re-cut)",
         fontsize=7.5,
     )
     ax.set_title(
@@ -1705,237 +1441,536 @@ def rung18_samples(path):
     save(fig, path)
 
 
-# ------------------------------------------------------------------------------------------------ rung 19
-
-# The epilogue's memory instructions per consumer thread in the plain head_dim-128 kernels (the 16-byte path of
-# rung 19; its 4-byte fallback for unaligned O is a second copy of the row loop), NVRTC 13.0, sm_90a, from
-# `cuobjdump -sass`; tests/test_build_cpu.py recounts them where cuobjdump is installed.
-EPILOGUE_SASS = {18: {"STG.E": 32}, 19: {"STSM.16.M88.4": 8, "LDS.128": 8, "STG.E.128": 8}}
-LINE_BYTES = 128
+# ------------------------------------------------------------------------------------------------ rung 16
 
 
-def _epilogue_lines(n: int) -> int:
-    """128-byte lines a warp's epilogue stores touch, summed over its store instructions (head_dim 128)."""
-    if n == 18:  # a warp's 4-byte store covers 8 rows x 16 bytes: 8 lines
-        return EPILOGUE_SASS[18]["STG.E"] * 8
-    return EPILOGUE_SASS[19]["STG.E.128"] * 32 * 16 // LINE_BYTES  # 32 lanes x 16 contiguous bytes
-
-
-def rung19_count(path):
-    import matplotlib.pyplot as plt
-
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.6, 2.2), gridspec_kw={"width_ratios": [1.3, 1]})
-    kinds = [
-        ("STG.E (4 B)", "STG.E", tint(VERMILLION, 0.45)),
-        ("STSM (stmatrix.x4)", "STSM.16.M88.4", tint(PURPLE, 0.45)),
-        ("LDS.128", "LDS.128", tint(SKY, 0.45)),
-        ("STG.E.128 (16 B)", "STG.E.128", tint(GREEN, 0.45)),
-    ]
-    for yi, n in enumerate((18, 19)):
-        left = 0
-        for text, op, colour in kinds:
-            k = EPILOGUE_SASS[n].get(op, 0)
-            if k:
-                a0.barh(yi, k, left=left, color=colour, edgecolor="white", height=0.6, label=text)
-                a0.text(left + k / 2, yi, str(k), ha="center", va="center", fontsize=7)
-            left += k
-        lines = _epilogue_lines(n)
-        a1.barh(yi, lines, color=tint(VERMILLION if n == 18 else GREEN, 0.45), edgecolor="white", height=0.6)
-        a1.text(lines + 4, yi, str(lines), va="center", fontsize=7)
-    for ax in (a0, a1):
-        ax.set_yticks([0, 1], ["rung 18", "rung 19"], fontsize=8)
-        ax.invert_yaxis()
-        ax.tick_params(labelsize=7)
-    a0.set_xlim(0, 60)
-    a0.set_xlabel("memory instructions per thread in the epilogue (head_dim 128)", fontsize=7.5)
-    a0.legend(fontsize=6.5, frameon=False, loc="center right")
-    a1.set_xlim(0, 300)
-    a1.set_xlabel("128-byte lines its stores touch, per warp and work tile", fontsize=7.5)
-    fig.suptitle(
-        "Storing a warp's 16 rows of O: 32 scattered 4-byte stores (rung 18) against stmatrix, a row read and "
-        "16-byte stores (rung 19)",
-        x=0.01,
-        ha="left",
-        fontsize=8.5,
-    )
-    save(fig, path)
-
-
-def rung19_rows(path):
-    fig, ax = new_figure(8.6, 3.1)
-    chunks, rows, cw, ch = 16, 16, 0.2, 0.12
-    panels = [
-        (0.3, "rung 18: one STG.E of a warp (8 lanes x 4 B per row)", lambda r, c: r < 8 and c == 0, VERMILLION),
-        (4.6, "rung 19: one STG.E.128 of a warp (16 lanes x 16 B per row)", lambda r, c: r < 2, GREEN),
-    ]
-    for x0, text, hit, colour in panels:
-        label(ax, x0, 2.78, text, size=7.2, ha="left")
-        for r in range(rows):
-            for c in range(chunks):
-                y = 2.5 - (r + 1) * ch
-                fc = tint(colour, 0.45) if hit(r, c) else "white"
-                rect(ax, x0 + c * cw, y, cw, ch, fc=fc, ec="#BBBBBB", lw=0.4)
-        # 128-byte line boundaries: every 8 chunks of a 256-byte row
-        for c in (0, 8, 16):
-            ax.plot([x0 + c * cw] * 2, [2.5 - rows * ch, 2.5], color="#333333", lw=0.9)
-        label(
-            ax,
-            x0 + chunks * cw / 2,
-            2.5 - rows * ch - 0.13,
-            "256-byte rows of O (16 chunks of 16 B; | = 128-byte line)",
-            size=6.5,
-        )
+def _schedule(path, wgs: int, n_tiles: int, heading: str, note: str):
+    """The toy model of rung 16's turns (:func:`simulate`) with ``wgs`` consumer warpgroups over one work tile
+    of ``n_tiles`` K/V tiles: per warpgroup its own lane, its wgmma groups on the tensor cores and its
+    exponentials on the MUFU, with the named-barrier operations marked."""
+    tb = facts.turn_barriers(16)
+    ring = tb["rings"][wgs]
+    model = simulate([consumer_program(16, w, n_tiles, loads=False, wgs=wgs) for w in range(wgs)])
+    h = 0.3
+    rows = {}
+    for i in range(wgs):
+        rows[f"mufu{i}"] = 0.75 + (wgs - 1 - i) * 0.35
+    tc_base = rows["mufu0"] + 0.75
+    for i in range(wgs):
+        rows[f"tc{i}"] = tc_base + (wgs - 1 - i) * 0.35
+    wg_base = rows["tc0"] + 0.75
+    for i in range(wgs):
+        rows[f"wg{i}"] = wg_base + (wgs - 1 - i) * 0.5
+    top = rows["wg0"] + 1.0
+    fig, ax = new_figure(9.6, top + 0.05)
+    title(ax, 0.1, top, heading)
+    x0, x1 = 1.75, 9.45
+    unit = (x1 - x0) / float(model["end"])
+    for key, y in rows.items():
+        _draw_spans(ax, model["lanes"][key], x0, y, unit, h)
+        w = int(key[-1])
+        name = {"wg": f"consumer WG {w}", "tc": f"WG {w}'s wgmmas", "mu": f"WG {w}'s exp2"}[key[:2]]
+        label(ax, x0 - 0.08, y + h / 2, name, size=7.2, ha="right", color=WG_EDGE[w])
+    label(ax, 0.1, rows["tc0"] + h + 0.12, "tensor cores", size=7.6, weight="bold", ha="left")
+    label(ax, 0.1, rows["mufu0"] + h + 0.12, "MUFU", size=7.6, weight="bold", ha="left")
+    # the named-barrier operations of the warpgroups
+    for w, op, _, t in model["events"]:
+        x = x0 + float(t) * unit
+        y = rows[f"wg{w}"]
+        if op == "sync":
+            ax.plot([x], [y + h + 0.06], marker="v", ms=4.2, color=VERMILLION, zorder=6, clip_on=False)
+        else:
+            ax.plot([x], [y - 0.06], marker="^", ms=4.2, color=BLUE, zorder=6, clip_on=False)
+    pw = ring["pre_arrive_wg"]
+    pre = next(e for e in model["events"] if e[0] == pw and e[1] == "arrive")
     label(
         ax,
-        0.3,
-        0.18,
-        "Rung 18's store touches 8 lines and half of each 32-byte sector it writes; 32 of them per thread. Rung 19 "
-        "first puts the rows into shared memory\nwith stmatrix (the accumulator's n8 tiles are its 8 x 8 "
-        "fragments), then each store writes two whole rows: four full lines, 8 per thread.",
+        x0 + float(pre[3]) * unit + 0.05,
+        rows[f"wg{pw}"] - 0.2,
+        f"WG {pw} arrives on barrier {ring['pre_arrive_bar']} first: WG 0 goes first",
         size=6.6,
         ha="left",
-        va="center",
+        color=BLUE,
+    )
+    (skip,) = [w for w in range(wgs) if w not in ring["last_arrive_wgs"]]
+    last = max(t for w, op, _, t in model["events"] if w == skip and op == "sync")
+    label(
+        ax,
+        x0 + float(last) * unit - 0.05,
+        rows[f"wg{skip}"] - 0.2,
+        "last turn: no arrival",
+        size=6.6,
+        ha="right",
+        color=VERMILLION,
+    )
+    # legend
+    lx, ly = 0.1, 0.36
+    ax.plot([lx + 0.05], [ly], marker="v", ms=4.2, color=VERMILLION)
+    own = ", ".join(f"WG {w}: {ring['my_turn'][w]}" for w in range(wgs))
+    label(ax, lx + 0.15, ly, f"bar.sync on its own barrier ({own}; {tb['threads']} threads each)", size=6.8, ha="left")
+    ax.plot([lx + 3.7], [ly], marker="^", ms=4.2, color=BLUE)
+    label(ax, lx + 3.8, ly, "bar.arrive on the next one's", size=6.8, ha="left")
+    for xi, text, colour in (
+        (5.35, "issues its wgmmas", BLUE),
+        (6.45, "waits for its turn", tint(VERMILLION, 0.6)),
+        (7.6, "waits for wgmmas", PHASE_COLOURS["wait"]),
+        (8.65, "O *= α, pack P", PACK),
+    ):
+        rect(ax, xi, ly - 0.07, 0.16, 0.14, fc=colour, ec="#555555", lw=0.5)
+        label(ax, xi + 0.2, ly, text, size=6.2, ha="left")
+    label(ax, 0.1, 0.1, note, size=6.5, ha="left", color="#444444")
+    save(fig, path)
+
+
+def rung16_schedule(path):
+    r = rungs.get(16)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
+    _schedule(
+        path,
+        2,
+        n_tiles,
+        f"Rung 16: the two consumer warpgroups take turns on the tensor cores "
+        f"({n_tiles} K/V tiles of {r.block_n} keys; schematic, not measured)",
+        f"Illustrative lengths (units): S, P·V {S_LEN}; softmax {SOFTMAX_LEN}; rescale + pack {PACK_LEN}; issue "
+        f"{float(ISSUE_LEN)} per wgmma group; epilogue {EPILOGUE_LEN}. wgmma groups run in issue order; two "
+        "softmaxes at once share the MUFU (each at half speed).",
+    )
+
+
+def rung16_ring(path):
+    r = rungs.get(16)
+    three = r.long_kv[1]
+    wgs = (three["threads"] - 128) // 128
+    n_tiles = 4
+    _schedule(
+        path,
+        wgs,
+        n_tiles,
+        f"Rung 16 with {wgs} consumer warpgroups: the turn goes round a ring ({n_tiles} K/V tiles; schematic, "
+        "not measured)",
+        f"{wgs} consumer warpgroups: head_dim 64, and the {three['block_m']} × {three['block_n']} tiles from "
+        f"{_fmt(r.long_kv[0])} keys. Illustrative lengths as with two (S, P·V {S_LEN}; softmax {SOFTMAX_LEN}; "
+        f"rescale + pack {PACK_LEN}); softmaxes at once share the MUFU.",
+    )
+
+
+def _turn_text(k: int, n_tiles: int) -> str:
+    if k == 0:
+        return "S0"
+    if k == n_tiles:
+        return f"P{k - 1}·V{k - 1}"
+    return f"S{k},\nP{k - 1}·V{k - 1}"
+
+
+def rung16_barriers(path):
+    from matplotlib.patches import Circle
+
+    r = rungs.get(16)
+    tb = facts.turn_barriers(16)
+    n_tiles = _tiles(shapes.WAN_TEXT_TOKENS, r.block_n)
+    turns = n_tiles + 1
+    wg_threads = tb["threads"] // 2
+    fig, ax = new_figure(9.6, 4.6)
+    title(
+        ax,
+        0.1,
+        4.55,
+        f"Rung 16: who waits and who arrives on named barriers {tb['my_turn'][0]} and {tb['my_turn'][1]} "
+        f"(a work tile of {n_tiles} K/V tiles: {shapes.WAN_TEXT_TOKENS} keys)",
+    )
+    cols = 2 * turns + 1
+    xl, xr = 1.75, 9.45
+    cw = (xr - xl) / cols
+
+    def cx(c):
+        return xl + (c + 0.5) * cw
+
+    y_wg = {0: 3.35, 1: 0.75}
+    y_bar = {tb["my_turn"][0]: 2.6, tb["my_turn"][1]: 1.65}
+    bh = 0.5
+    for w, y in y_wg.items():
+        label(ax, xl - 0.1, y + bh / 2, f"consumer WG {w}", size=7.6, ha="right", color=WG_EDGE[w], weight="bold")
+        label(ax, xl - 0.1, y + bh / 2 - 0.17, f"waits on {tb['my_turn'][w]}", size=6.6, ha="right", color="#444444")
+    for b, y in y_bar.items():
+        ax.plot([xl, xr], [y, y], color="#777777", lw=0.8, zorder=1)
+        label(ax, xl - 0.1, y, f"named barrier {b}", size=7.6, ha="right", family="monospace")
+    # the pre-arrival
+    pw, pb = tb["pre_arrive_wg"], tb["pre_arrive_bar"]
+    box(
+        ax,
+        cx(0) - cw * 0.45,
+        y_wg[pw],
+        cw * 0.9,
+        bh,
+        "before\ntile 0",
+        fc="white",
+        ec=WG_EDGE[pw],
+        fontsize=6.4,
+    )
+    arrivals = {b: [] for b in y_bar}  # the column of each arrival, in order
+    arrivals[pb].append(0)
+    syncs = {b: [] for b in y_bar}
+    for k in range(turns):
+        for w in (0, 1):
+            c = 2 * k + 1 + w
+            x = cx(c)
+            box(
+                ax,
+                x - cw * 0.45,
+                y_wg[w],
+                cw * 0.9,
+                bh,
+                _turn_text(k, n_tiles),
+                fc=tint(SKY if k < n_tiles else GREEN, 0.45),
+                ec=WG_EDGE[w],
+                fontsize=6.2,
+            )
+            skipped = k == n_tiles and w != tb["last_arrive_wg"]
+            skip_text = f"turn {k}: no bar.arrive {tb['other_turn'][w]}"
+            if tb["skips_only_at_the_end"]:  # the turns run on into the CTA's next work tile
+                skip_text += "\n(after the CTA's last work tile)"
+            label(
+                ax,
+                x + (cw * 0.45 if skipped else 0),
+                y_wg[w] + (bh + 0.1 if w == 0 else -0.1 + 0.06 * skipped),
+                skip_text if skipped else f"turn {k}",
+                size=6.2,
+                color=VERMILLION if skipped else "#555555",
+                ha="right" if skipped else "center",
+                va="top" if skipped and w == 1 else "center",
+            )
+            syncs[tb["my_turn"][w]].append(c)
+            if k < n_tiles or w == tb["last_arrive_wg"]:
+                arrivals[tb["other_turn"][w]].append(c)
+    for b, y in y_bar.items():
+        for phase, (ca, cs) in enumerate(zip(arrivals[b], syncs[b], strict=True)):
+            # the arrival (from the arriving warpgroup's turn) and the sync it releases
+            xa, xs = cx(ca), cx(cs)
+            wa = tb["pre_arrive_wg"] if ca == 0 else (ca - 1) % 2
+            ws = (cs - 1) % 2
+            ya = y_wg[wa] + (bh if wa == 1 else 0)
+            arrow(
+                ax, xa + (0.12 if wa == 1 else 0.1), ya, xs - 0.06, y + (-0.13 if wa == 1 else 0.13), color=BLUE, lw=0.9
+            )
+            ys = y_wg[ws] + (0 if ws == 0 else bh)
+            arrow(ax, xs, y + (0.13 if ws == 0 else -0.13), xs, ys, color=VERMILLION, lw=1.0)
+            ax.add_patch(Circle((xs, y), 0.13, fc="white", ec="#333333", lw=0.8, zorder=5))
+            label(ax, xs, y, str(phase), size=6.6, zorder=6)
+    # the counts
+    nsync = len(syncs[tb["my_turn"][0]])
+    label(
+        ax,
+        0.1,
+        0.42,
+        f"Each phase (circled) completes when {tb['threads']} threads have reached it: {wg_threads} of one "
+        f"warpgroup arriving (bar.arrive, blue) and {wg_threads} of the other waiting (bar.sync, red).",
+        size=6.9,
+        ha="left",
+    )
+    label(
+        ax,
+        0.1,
+        0.18,
+        f"{n_tiles} K/V tiles = {turns} turns per warpgroup ({tb['turn_sites']} places issue wgmmas: tile 0, the loop, "
+        f"the last P·V). Barrier {tb['my_turn'][0]}: {nsync} waits by WG 0, 1 + {len(arrivals[pb]) - 1} "
+        f"arrivals by WG {pw}; barrier {tb['my_turn'][1]}: {len(syncs[tb['my_turn'][1]])} waits by WG 1, "
+        f"{len(arrivals[tb['my_turn'][1]])} arrivals by WG 0.",
+        size=6.9,
+        ha="left",
     )
     save(fig, path)
 
 
+# ------------------------------------------------------------------------ counted from the machine code
+#
+# What the tables above quote, counted from `cuobjdump -sass` text (attnclimb.runtime.sass.sass of a compiled
+# rung): tests/test_figures_cpu.py compiles the rungs and compares.
+
+_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P[T0-9]+\s+)?)([A-Z0-9_]+)([^;]*);\s*/\* 0x[0-9a-f]{16} \*/")
+_CONTROL = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
+
+
+def sass_instructions(text: str) -> list:
+    """The instructions of ``cuobjdump -sass`` ``text`` in order: ``(address, predicate, opcode, operands,
+    stall)``, where ``opcode`` is the mnemonic up to its first dot-suffix's end (``STG.E``, ``HGMMA.64x128x16...``
+    as written), and ``stall`` the stall count of its control bits (bits 41-44 of its second word)."""
+    lines = text.splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        m = _INSN.match(ln)
+        if not m:
+            continue
+        c = _CONTROL.match(lines[i + 1]) if i + 1 < len(lines) else None
+        stall = (int(c[1], 16) >> 41) & 0xF if c else 0
+        mnemonic = m[3] + m[4].split(" ")[0] if m[4].startswith(".") else m[3]
+        out.append((int(m[1], 16), m[2].strip(), mnemonic, m[4].strip(), stall))
+    return out
+
+
+def _base(mnemonic: str) -> str:
+    return re.match(r"[A-Z0-9_]+", mnemonic)[0]
+
+
+def steady_loop(insns: list) -> list:
+    """The instructions of the innermost loop around the first wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``):
+    the shortest backward branch that jumps over it."""
+    wait = next(a for a, _, op, rest, _ in insns if op == "WARPGROUP.DEPBAR.LE" and "gsb0, 0x1" in rest)
+    spans = []
+    for a, _, op, rest, _ in insns:
+        t = re.search(r"0x([0-9a-f]+)", rest) if _base(op) == "BRA" else None
+        if t and int(t[1], 16) < wait < a:
+            spans.append((a - int(t[1], 16), int(t[1], 16), a))
+    _, lo, hi = min(spans)
+    return [i for i in insns if lo <= i[0] <= hi]
+
+
+def loop_sass(text: str) -> dict:
+    """LOOP_SASS's entry for a kernel: its steady loop's instructions by opcode (without suffixes), and ``total``."""
+    loop = steady_loop(sass_instructions(text))
+    out: dict = {}
+    for i in loop:
+        out[_base(i[2])] = out.get(_base(i[2]), 0) + 1
+    return out | {"total": len(loop)}
+
+
+def s_group_sass(text: str) -> list:
+    """Per wait for S in SASS order, the instructions by opcode (without suffixes) from the WARPGROUP.ARRIVE
+    before the S = Q·Kᵀ group to its last wgmma (the run of HGMMAs without ``tnspB``, P·V's V operand)."""
+    insns = sass_instructions(text)
+    out = []
+    for w, i in enumerate(insns):
+        if i[2] != "WARPGROUP.DEPBAR.LE" or "gsb0, 0x1" not in i[3]:
+            continue
+        last = max(k for k in range(w) if insns[k][2].startswith("HGMMA") and "tnspB" not in insns[k][3])
+        first = max(k for k in range(last) if insns[k][2] == "WARPGROUP.ARRIVE")
+        counts: dict = {}
+        for k in range(first, last + 1):
+            counts[_base(insns[k][2])] = counts.get(_base(insns[k][2]), 0) + 1
+        out.append(counts)
+    return out
+
+
+def kernel_sass(text: str) -> dict:
+    """KERNEL_SASS's entry: the kernel's R2UR and all its instructions."""
+    insns = sass_instructions(text)
+    return {"R2UR": sum(i[2] == "R2UR" for i in insns), "total": len(insns)}
+
+
+def epilogue_sass(text: str) -> dict:
+    """The kernel's memory instructions of the kinds EPILOGUE_SASS counts (every copy of the epilogue)."""
+    insns = sass_instructions(text)
+    kinds = ("STG.E", "STSM.16.M88.4", "LDS.128", "STG.E.128")
+    return {k: sum(i[2] == k for i in insns) for k in kinds}
+
+
+def softmax_path(text: str, step: int = 1) -> list:
+    """The fastest path (fewest stall cycles; forward branches only) from a wait for S to the next wait for P·V
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) in the steady loop: the ``step``-th such window of the loop (0-based;
+    the last one where the loop has fewer). For the softmax that is the kept-reference path with no masked keys
+    and no O rescale. Returns its instructions in order."""
+    import heapq
+
+    insns = sass_instructions(text)
+    loop = steady_loop(insns)
+    index = {i[0]: k for k, i in enumerate(insns)}
+    starts = [index[i[0]] for i in loop if i[2] == "WARPGROUP.DEPBAR.LE" and "gsb0, 0x1" in i[3]]
+    k0 = starts[min(step, len(starts) - 1)]
+    dist, prev, queue = {k0: 0}, {}, [(0, k0)]
+    while queue:
+        d, k = heapq.heappop(queue)
+        if d > dist[k]:
+            continue
+        a, pred, op, rest, stall = insns[k]
+        if op == "WARPGROUP.DEPBAR.LE" and "gsb0, 0x0" in rest:
+            path = [k]
+            while path[-1] != k0:
+                path.append(prev[path[-1]])
+            return [insns[j] for j in reversed(path)]
+        succ = []
+        if _base(op) == "BRA":
+            target = int(re.search(r"0x([0-9a-f]+)", rest)[1], 16)
+            if target > a and target in index:  # a backward branch leaves the window: not followed
+                succ.append(index[target])
+            if pred or re.match(r"!?U?P[T0-9]", rest):  # conditional: it may fall through
+                succ.append(k + 1)
+        elif _base(op) not in ("EXIT", "RET"):
+            succ.append(k + 1)
+        for j in succ:
+            if d + stall < dist.get(j, float("inf")):
+                dist[j], prev[j] = d + stall, k
+                heapq.heappush(queue, (d + stall, j))
+    raise ValueError("no path from the wait for S to the wait for P·V")
+
+
+def softmax_path_cycles(text: str) -> dict:
+    """SOFTMAX_PATH_CYCLES's entry: the stall cycles of :func:`softmax_path` before its VOTE.ALL, before its first
+    MUFU.EX2, and in all (up to the wait for P·V)."""
+    out, cycles = {}, 0
+    for _, _, op, _, stall in softmax_path(text)[:-1]:  # up to the issue of the wait for P·V
+        if op == "VOTE.ALL":
+            out.setdefault("vote", cycles)
+        if op == "MUFU.EX2":
+            out.setdefault("first_ex2", cycles)
+        cycles += stall
+    return out | {"total": cycles}
+
+
+def three_warpgroup_two_p_variant():
+    """Rung 13's three-consumer-warpgroup long-K/V build with P_DOUBLE_BUFFER 1 (which the kernel leaves off)."""
+    import dataclasses
+
+    r = rungs.get(13)
+    return dataclasses.replace(r, **r.long_kv[1], extra_defines={**r.extra_defines, "P_DOUBLE_BUFFER": 1})
+
+
+def three_warpgroup_two_p_spill() -> tuple | None:
+    """THREE_WG_TWO_P_SPILL: compiles :func:`three_warpgroup_two_p_variant` (NVRTC) and returns ptxas's (spill
+    stores, spill loads) in bytes; ``None`` when the compiler's log has no ptxas report to read them from."""
+    from ..runtime.compiler import compile_rung, parse_ptxas_log
+
+    found = parse_ptxas_log(compile_rung(three_warpgroup_two_p_variant(), "sm_90a").log)
+    if not found:
+        return None
+    (res,) = found
+    return res.spill_stores, res.spill_loads
+
+
+# ------------------------------------------------------------------------------------------------ the list
+
+_LONG_KV = rungs.get(16).long_kv[1]  # rung 16's three-consumer-warpgroup tiles
 FIGURES = [
     (
         10,
-        "schedule",
-        rung10_schedule,
-        "The ping-pong turns: each consumer warpgroup issues its wgmmas while the other one computes its "
-        "softmax (a toy model of the kernel's order of operations).",
-    ),
-    (
-        10,
-        "barriers",
-        rung10_barriers,
-        "The turn protocol: the other warpgroup's bar.arrive opens each turn; warpgroup 1 arrives once before "
-        "the first turn and not after its last.",
-    ),
-    (
-        11,
         "grid",
-        rung11_grid,
+        rung10_grid,
         "The persistent grid: CTA c takes work tiles c, c + gridDim.x, …; how many work tiles each CTA takes "
         "for the bench shapes.",
     ),
     (
-        11,
+        10,
         "handover",
-        rung11_handover,
-        "Two work tiles on one SM: in rung 11 the next work tile's Q and K/V load under the last P·V and the "
-        "epilogue of the current one (a toy model of the code).",
+        rung10_handover,
+        "Two work tiles on one SM: in rung 10 the next work tile's Q and K/V load under the last P·V and the "
+        "epilogue of the current one, where rung 9 starts a new CTA (a toy model of the code).",
     ),
     (
-        12,
-        "tiles",
-        rung12_tiles,
-        "Rung 11's and rung 12's K/V tiles: how many each seqlen_k needs, and the masked keys of the ragged last tile.",
+        10,
+        "rows",
+        rung10_rows,
+        "What one store instruction of a warp writes: in rung 9 16 bytes of 8 rows (8 lines), in rung 10 two "
+        "whole rows (4 full lines), after the rows were staged in shared memory.",
     ),
     (
-        12,
+        10,
+        "count",
+        rung10_count,
+        "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 9 "
+        "against rung 10 (head_dim 128, SASS of NVRTC 13.0).",
+    ),
+    (
+        11,
+        "descriptors",
+        rung11_descriptors,
+        "The wgmma descriptor's fields, and the constant each wgmma of one K/V tile adds to the start-address "
+        "field of a base built once.",
+    ),
+    (
+        11,
         "budget",
-        rung12_budget,
-        "The registers of a consumer thread and the shared memory of a CTA at rung 11's, rung 12's and a wider "
-        "BLOCK_N.",
+        rung11_budget,
+        "The SASS instructions of one iteration of the consumers' steady loop in rung 10 and rung 11, by the "
+        "opcodes the change moves (NVRTC 13.0).",
+    ),
+    (
+        12,
+        "reference",
+        rung12_reference,
+        "One row's running max and its softmax reference per K/V tile: rung 11 moves the reference (and rescales "
+        "O) whenever the max grows, rung 12 only when P against the kept reference would pass 2^8.",
+    ),
+    (
+        12,
+        "rescales",
+        rung12_rescales,
+        "The share of warps that rescale O at each K/V tile, rung 11 against rung 12, on random inputs (the "
+        "float32 model of the kernels).",
+    ),
+    (
+        12,
+        "path",
+        rung12_path,
+        "From S to the first exponential: rung 11 reduces each row's max over the quad and recomputes its "
+        "reference on every tile; rung 12's fast path tests the thread's own maxima against the kept limit.",
+    ),
+    (
+        12,
+        "fastpath",
+        rung12_fastpath,
+        "The share of warp-tiles that take rung 12's fast path, by seqlen_k, on random inputs (the float32 model "
+        "of the kernels).",
     ),
     (
         13,
-        "descriptors",
-        rung13_descriptors,
-        "The wgmma descriptor's fields, and the constant each wgmma of one K/V tile adds to the start-address "
-        "field of a base built once.",
+        "chain",
+        rung13_chain,
+        "After the softmax of K/V tile j: rung 12 packs P_j after the wait for P_{j-1}·V_{j-1}, rung 13 packs it "
+        "into the other buffer under that P·V (schematic lengths).",
     ),
     (
         13,
         "budget",
         rung13_budget,
-        "The SASS instructions of one iteration of the consumers' steady loop in rung 12 and rung 13, by the "
-        "opcodes the change moves.",
+        "The registers of a consumer thread held in O, S and P: a second P buffer fits the two-warpgroup "
+        f"{rungs.get(13).block_n}-key tiles, not the three-warpgroup tiles (ptxas spills there, NVRTC 13.0).",
     ),
     (
         14,
-        "reference",
-        rung14_reference,
-        "One row's running max and its softmax reference per K/V tile: rung 13 moves the reference (and rescales "
-        "O) whenever the max grows, rung 14 only when P against the kept reference would pass 2^8.",
+        "path",
+        rung14_path,
+        "Where the warpgroup's Q descriptor lives: in rung 13 in per-thread registers, moved by two R2UR before "
+        "each wgmma of S; in rung 14 in uniform registers, from a warp index read through __shfl_sync.",
     ),
     (
         14,
-        "rescales",
-        rung14_rescales,
-        "The share of warps that rescale O at each K/V tile, rung 13 against rung 14, on random inputs (the "
-        "float32 model of the kernels).",
+        "sgroup",
+        rung14_sgroup,
+        "The SASS instructions that issue one S group in rung 13 and rung 14, by kind (NVRTC 13.0).",
     ),
     (
         15,
         "path",
         rung15_path,
-        "From S to the first exponential: rung 14 reduces each row's max over the quad and recomputes its "
-        "reference on every tile; rung 15's fast path tests the thread's own maxima against the kept limit.",
-    ),
-    (
-        15,
-        "fastpath",
-        rung15_fastpath,
-        "The share of warp-tiles that take rung 15's fast path, by seqlen_k, on random inputs (the float32 model "
-        "of the kernels).",
-    ),
-    (
-        16,
-        "chain",
-        rung16_chain,
-        "After the softmax of K/V tile j: rung 15 packs P_j after the wait for P_{j-1}·V_{j-1}, rung 16 packs it "
-        "into the other buffer under that P·V (schematic lengths).",
-    ),
-    (
-        16,
-        "budget",
-        rung16_budget,
-        "The registers of a consumer thread held in O, S and P: a second P buffer fits at 128-key tiles, not at "
-        "rung 15's 176.",
-    ),
-    (
-        17,
-        "path",
-        rung17_path,
-        "Where the warpgroup's Q descriptor lives: in rung 16 in per-thread registers, moved by two R2UR before "
-        "each wgmma of S; in rung 17 in uniform registers, from a warp index read through __shfl_sync.",
-    ),
-    (
-        17,
-        "sgroup",
-        rung17_sgroup,
-        "The SASS instructions that issue one S group in rung 16 and rung 17, by kind (NVRTC 13.0).",
-    ),
-    (
-        18,
-        "path",
-        rung18_path,
-        "Static issue cycles of one K/V tile's softmax on the kept-reference path, rung 17 against rung 18: the "
+        "Static issue cycles of one K/V tile's softmax on the kept-reference path, rung 14 against rung 15: the "
         "row-max loop before the exponentials against the largest P kept beside them (SASS of NVRTC 13.0).",
     ),
     (
-        18,
+        15,
         "samples",
-        rung18_samples,
-        "Rung 17 (with rung 19's staged epilogue) at 4k in Nsight Compute's source view: a consumer warp's samples "
-        "per K/V tile by phase; the row-max loop and vote take a sixth, on the path from S to P.",
+        rung15_samples,
+        "Measured before the re-cut on the old rung 17 (rung 14's softmax, with the staged epilogue and the turns) "
+        "at 4k in Nsight Compute's source view: a consumer warp's samples per K/V tile by phase; the row-max loop "
+        "and vote take a sixth, on the path from S to P.",
     ),
     (
-        19,
-        "rows",
-        rung19_rows,
-        "What one store instruction of a warp writes: in rung 18 16 bytes of 8 rows (8 lines), in rung 19 two "
-        "whole rows (4 full lines), after the rows were staged in shared memory.",
+        16,
+        "schedule",
+        rung16_schedule,
+        "The ping-pong turns: each consumer warpgroup issues its wgmmas while the other one computes its "
+        "softmax (a toy model of the kernel's order of operations).",
     ),
     (
-        19,
-        "count",
-        rung19_count,
-        "The epilogue's memory instructions per thread and the 128-byte lines its stores touch per warp, rung 18 "
-        "against rung 19 (head_dim 128, SASS of NVRTC 13.0).",
+        16,
+        "barriers",
+        rung16_barriers,
+        "The turn protocol: the other warpgroup's bar.arrive opens each turn; warpgroup 1 arrives once before "
+        "the first turn, and not after the last turn of its CTA's last work tile.",
+    ),
+    (
+        16,
+        "ring",
+        rung16_ring,
+        f"With three consumer warpgroups (head_dim 64, and the {_LONG_KV['block_m']} × {_LONG_KV['block_n']} tiles "
+        "of long K/V) the turn goes round a ring: each warpgroup waits on its own barrier and arrives on the next "
+        "one's (a toy model).",
     ),
 ]
