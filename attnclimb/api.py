@@ -77,15 +77,16 @@ def attention(q, k, v, *, scale=None, rung=None, is_causal=False, return_lse=Fal
             ``torch.nn.functional.scaled_dot_product_attention``.
         rung: which kernel of the ladder to run (``0`` … top); ``None`` picks the top (fastest) rung.
         is_causal: torch SDPA's ``is_causal=True`` mask, top-left aligned (query row ``i`` sees keys
-            ``0..i``, for any ``seqlen_q`` and ``seqlen_k``); top rung only.
-        return_lse: also return the natural-log log-sum-exp of each row's scaled scores; top rung only.
+            ``0..i``, for any ``seqlen_q`` and ``seqlen_k``); rungs 10 and up (the top rung among them).
+        return_lse: also return the natural-log log-sum-exp of each row's scaled scores; rungs 10 and up.
 
-    ``head_dim`` must be 128, or 64 or 256 on the top rung (``Rung.head_dims``). Causal masking,
-    grouped-query attention, the LSE and head_dim 64/256 are compile-time variants of the top rung
-    (issue 8), each with tiles of its own (``Rung.head_dims``): head_dim 128 two consumer warpgroups of 64 query
-    rows and 128-key K/V tiles (non-causal calls with 6 144 keys or more: three warpgroups and 80-key tiles,
-    ``Rung.long_kv``), 64 three warpgroups (192-row tiles) and 128-key tiles (fp16: two warpgroups), 256 two
-    warpgroups and 64-key tiles. The lower rungs compute the plain head_dim-128 case only and raise
+    ``head_dim`` must be 128, or 64 or 256 on rungs 10 and up (``Rung.head_dims``). Causal masking,
+    grouped-query attention, the LSE and head_dim 64/256 are compile-time variants of the top rung and of every
+    rung from 10 up (issue 8), each with tiles of its own (``Rung.head_dims``); the top rung's: head_dim 128 two
+    consumer warpgroups of 64 query rows and 128-key K/V tiles (non-causal calls with 6 144 keys or more: three
+    warpgroups and 80-key tiles, ``Rung.long_kv``), 64 three warpgroups (192-row tiles) and 128-key tiles (fp16:
+    two warpgroups), 256 two warpgroups and 64-key tiles (the rungs below it: ``attnclimb/rungs.py``). Rungs 0-9
+    compute the plain head_dim-128 case only and raise
     ``ValueError`` for the others. Any sizes work, 0 included: an empty output when batch, heads or
     ``seqlen_q`` is 0, zeros (and an LSE of ``-inf``) when ``seqlen_k`` is 0 (what torch's SDPA returns).
     Tensors of 2^31 elements or more are split into several launches over batch, heads (whole K/V groups)

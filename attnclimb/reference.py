@@ -79,7 +79,7 @@ def _fma32(a, b, c):
 
 
 ROW_MAX_INIT = -torch.finfo(torch.float32).max  # softmax.cuh: the running max before any key
-RESCALE_THRESHOLD = 8.0  # rung 14's RESCALE_THRESHOLD (14_lazy_rescale.cu): P against a kept reference <= 2^8
+RESCALE_THRESHOLD = 8.0  # rung 12's RESCALE_THRESHOLD (12_lazy_rescale.cu): P against a kept reference <= 2^8
 
 # softmax.cuh's poly_exp2: 2^f ≈ 1 + f·(c1 + f·(c2 + f·c3)) on [−0.5, 0.5] (p(0) = 1 exactly)
 POLY_EXP2_C = (1.0, 0.6932829022407532, 0.24221009016036987, 0.05500851944088936)
@@ -151,7 +151,7 @@ def online_rescale_fp32(m_old, err_old, m_new, c, shift=False):
 
 
 def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
-    """Float32 mirror of rung 14's lazy rule (``14_lazy_rescale.cu``): the running max a row goes on with.
+    """Float32 mirror of rung 12's lazy rule (``12_lazy_rescale.cu``): the running max a row goes on with.
 
     ``m_old``, ``err_old``: the row's reference max and its ``err`` (:func:`online_rescale_fp32`); ``m_new``:
     ``max(m_old, tile max)``; ``c``: ``scale·log2 e``. The new max's P against the kept reference is
@@ -163,12 +163,12 @@ def lazy_max_fp32(m_old, err_old, m_new, c, threshold):
 
 
 def kept_limit_fp32(m, err, c, threshold=RESCALE_THRESHOLD):
-    """Float32 mirror of rung 15's per-row score limit (``15_kept_reference.cu``): the largest float32 score s
-    whose P against the kept reference, ``2^((s − m)·c + err)``, the kernel lets through its fast path,
-    ``fma.rm(threshold − err, 1/c, m)``: ``m + (threshold − err)/c`` rounded down, with ``threshold − err`` and
-    ``1/c`` float32 operations (``m``, ``err``: float32 tensors as :func:`online_rescale_fp32` leaves them,
-    ``c``: the float32 ``scale·log2 e``). Rounded to nearest instead, a score at the limit could pass the bound
-    by half a grid step of s (``tests/test_lazy_rescale_cpu.py``)."""
+    """Float32 mirror of rung 12's per-row score limit (``12_lazy_rescale.cu``, the kept-reference fast path):
+    the largest float32 score s whose P against the kept reference, ``2^((s − m)·c + err)``, the kernel lets
+    through its fast path, ``fma.rm(threshold − err, 1/c, m)``: ``m + (threshold − err)/c`` rounded down, with
+    ``threshold − err`` and ``1/c`` float32 operations (``m``, ``err``: float32 tensors as
+    :func:`online_rescale_fp32` leaves them, ``c``: the float32 ``scale·log2 e``). Rounded to nearest instead,
+    a score at the limit could pass the bound by half a grid step of s (``tests/test_lazy_rescale_cpu.py``)."""
     f32 = torch.float32
     t = torch.tensor(threshold, dtype=f32) - err
     inv = torch.tensor(1.0, dtype=f32) / c
@@ -212,7 +212,7 @@ def _attention_tiled_fp32(
         qt = q[:, :, m0 : m0 + block_m]
         rows = qt.shape[2]
         m = torch.full((b, h, rows, 1), ROW_MAX_INIT, dtype=f32)
-        # rung 14 starts each row at err = +inf: its first tile always takes its own max as the reference
+        # rung 12 starts each row at err = +inf: its first tile always takes its own max as the reference
         err = torch.full((b, h, rows, 1), math.inf if rescale_threshold is not None else 0.0, dtype=f32)
         l = torch.zeros((b, h, rows, 1), dtype=f32)
         l_exact = torch.zeros((b, h, rows, 1), dtype=f32)  # l without round_top_p's roundings: the LSE's
@@ -224,7 +224,7 @@ def _attention_tiled_fp32(
                 s = torch.cat([s, s.new_full((b, h, rows, block_n - kt.shape[2]), -math.inf)], dim=-1)
                 vt = torch.cat([vt, vt.new_zeros(b, h, block_n - vt.shape[2], d)], dim=2)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            if rescale_threshold is not None:  # rung 14: keep the reference while the new max's P <= 2^τ
+            if rescale_threshold is not None:  # rung 12: keep the reference while the new max's P <= 2^τ
                 m_new = lazy_max_fp32(m, err, m_new, c, rescale_threshold)
             if fp16:  # P·2^−k (softmax.cuh, "fp16 P"): one FADD after the FFMA, in fp32
                 alpha, mul, neg_ref, err, shift = online_rescale_fp32(m, err, m_new, c, shift=True)
@@ -237,7 +237,7 @@ def _attention_tiled_fp32(
             # round_all_p: l sums P as P·V does, each P rounded to p_dtype
             l = l * alpha + (p.to(p_dtype).to(f32).sum(dim=-1, keepdim=True) if round_all_p else p_sum)
             if round_top_p:  # the tile max's P counted in l as P·V counts it: rounded to p_dtype
-                if round_top_p == "thread":  # rung 15: each thread of the quad rounds its own columns' max's P
+                if round_top_p == "thread":  # rungs 12-16: each thread of the quad rounds its own columns' max's P
                     # (thread t of a quad holds the columns 8j + 2t and 8j + 2t + 1 of the tile)
                     tops = s.reshape(b, h, rows, block_n // 8, 4, 2).amax(dim=(-1, -3))
                 else:
@@ -261,7 +261,7 @@ LN2_F32 = torch.tensor(math.log(2.0), dtype=torch.float32)
 
 
 def kernel_lse_fp32(m, l, scale, c, shift=False):
-    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``15_kept_reference.cu``, as in 12-14).
+    """Float32 mirror of the top rung's LSE epilogue (``WRITE_LSE`` in ``16_pingpong.cu``, as in rungs 10-15).
 
     ``m``: the rows' final running max of raw scores, ``l``: their row sums of P (float32 tensors),
     ``scale``: the float32 scale (``> 0``, after the kernels' negation and FLT_MIN clamp), ``c = scale·log2 e``.
@@ -304,18 +304,20 @@ def attention_tiled(
     kernels' fp32 arithmetic instead (``base2`` and ``dtype`` are then ignored; ``O`` is float32, the
     LSE float64): inputs should hold bf16 values. With it, ``p_dtype=torch.float16`` models the top rung's
     FP16 variant (inputs holding fp16 values; P shifted per row and rounded to fp16, ``softmax.cuh``; ``O``
-    is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 14's
+    is then float16, as the kernel writes it). ``rescale_threshold`` (with ``kernel_fp32``; rung 12's
     ``RESCALE_THRESHOLD``, 8.0) models the lazy rescale: a row keeps its reference (its running max) while
     the new max's P against it, ``2^((m_new − m)·c + err)``, is at most ``2^rescale_threshold`` (a row's
     first tile always rescales: ``err`` starts at +inf). ``round_top_p`` (with ``kernel_fp32``) adds to l, per
     row and tile, the rounding of the tile max's P to ``p_dtype``, so that the key that sets the max weighs in
-    l exactly as in P·V (the LSE still takes the unrounded sum). Rung 14 is ``rescale_threshold=8.0,
-    round_top_p=True``; without ``round_top_p`` the model is rung 14 as first landed (its ``nolfix`` A/B
-    variant, ``scripts/make_variants.py``). ``round_top_p="thread"`` rounds, instead, the P of each quad
-    thread's own column max (thread t holds the columns ``8j + 2t`` and ``8j + 2t + 1`` of a tile; ``block_n`` a
-    multiple of 8): four P per row and tile, the row max's among them. Rung 15 is ``rescale_threshold=8.0,
-    round_top_p="thread"`` (its fast path for kept references decides on each thread's own maxima and takes
-    the same references as rung 14). ``round_all_p`` (with ``kernel_fp32``; the ``lround`` variant) sums
+    l exactly as in P·V (the LSE still takes the unrounded sum). Old rung 14 (the lazy rescale alone, before
+    the re-cut merged it with the kept-reference path into rung 12) is ``rescale_threshold=8.0,
+    round_top_p=True``; without ``round_top_p`` the model is old rung 14 as first landed (its ``nolfix`` A/B
+    variant, ``scripts/make_variants.py`` at commit 8cedb83). ``round_top_p="thread"`` rounds, instead, the P of
+    each quad thread's own column max (thread t holds the columns ``8j + 2t`` and ``8j + 2t + 1`` of a tile;
+    ``block_n`` a multiple of 8): four P per row and tile, the row max's among them. Rungs 12-16 are
+    ``rescale_threshold=8.0, round_top_p="thread"`` (their fast path for kept references decides on each
+    thread's own maxima and takes the same references as old rung 14). ``round_all_p`` (with ``kernel_fp32``;
+    old rung 14's ``lround`` A/B variant) sums
     every P into l rounded to ``p_dtype``, exactly the weights P·V uses; the LSE again takes the unrounded sum.
 
     Raises ``ValueError`` for non-positive tile sizes, incompatible shapes, another ``p_dtype``, or a

@@ -5,7 +5,7 @@ raises the reason), :func:`attnclimb.scaled_dot_product_attention` (which falls 
 a warning, or raises with ``strict=True``) and the diffusers backend.
 
 What every rung computes is :data:`BASE`; a rung whose ``features`` name ``"causal"``, ``"gqa"`` or
-``"lse"`` (rungs 12 to 17, the top rung; issue 8) also takes ``is_causal=True``, fewer K/V heads and the
+``"lse"`` (rungs 10 to 16, the top rung; issue 8) also takes ``is_causal=True``, fewer K/V heads and the
 log-sum-exp output.
 :data:`FEATURES` is the top rung's table, the one ``scaled_dot_product_attention`` runs. A kernel feature
 of a later issue (another dtype, another GPU generation) slots in by editing :data:`BASE` or a
@@ -84,7 +84,7 @@ FEATURES = FEATURES_BY_RUNG[_rungs.TOP.number]
 
 
 def _who_has(feature: str) -> str:
-    """Which rungs have ``feature``, for a message: ``"rung 12 has it"``, ``"rungs 11, 12 have it"``."""
+    """Which rungs have ``feature``, for a message: ``"rung 16 has it"``, ``"rungs 15, 16 have it"``."""
     have = [f"{r.number}" for r in _rungs.RUNGS if feature in r.features]
     if not have:
         return "no rung has it yet"

@@ -84,7 +84,7 @@ def main(dirs) -> int:
                         if m.isfile() and name.startswith("rung") and name.endswith((".json", ".png")):
                             (out / name).write_bytes(tar.extractfile(m).read())
                             print(f"timeline -> {(out / name).relative_to(ROOT)}")
-                todo.append("embed new timelines on their rung pages (see rung 12's 'Measured timeline')")
+                todo.append("embed new timelines on their rung pages (see rung 9's 'Measured timeline')")
             elif f.name.startswith("ab_") and f.suffix == ".json":
                 meta = json.loads(f.read_text()).get("meta", {})
                 commit, dev = short_commit(meta.get("commit")), device_slug(meta.get("device"))

@@ -5,7 +5,7 @@
 #   bash scripts/device_job.sh [info] [build] [test FILTER|all] [sanitize "RUNGS"|features] [bench "ARGS"] [trace "RUNGS"]
 #                              [ncu "LABEL IMPL SHAPE [--causal]"] ...
 # The device tool brings back 8 files at most: trace packs its folder into timelines.tgz.
-# trace: python -m attnclimb trace for each rung (default 5-14; $TRACE_ARGS is passed on, e.g. "--clock sm"),
+# trace: python -m attnclimb trace for each rung (default 5-16; $TRACE_ARGS is passed on, e.g. "--clock sm"),
 # JSON + SVG + PNG into $OUT/timelines (to be copied into docs/figures/timelines/).
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
            for f in benchmarks/results/*.json; do [ "$f" -nt "$OUT/.start" ] && cp "$f" "$OUT/"; done  # this run's only
            cp benchmarks/results/*.png "$OUT/" 2>/dev/null;;
     trace) shift; mkdir -p "$OUT/timelines"
-           for r in ${1:-5 6 7 8 9 10 11 12 13 14}; do
+           for r in ${1:-5 6 7 8 9 10 11 12 13 14 15 16}; do
              python3 -m attnclimb trace "$r" --out "$OUT/timelines" ${TRACE_ARGS:-} || echo "trace $r: exit $?"
            done 2>&1 | tee "$OUT/trace.txt" | tail -60
            tar -C "$OUT" -czf "$OUT/timelines.tgz" timelines && rm -rf "$OUT/timelines";;  # one file back, not 3 per rung

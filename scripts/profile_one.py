@@ -2,7 +2,7 @@
 
 ``python scripts/profile_one.py IMPL BxHxS[xSk] [--causal] [--head-dim D] [--calls N]``: IMPL is ``rungNN``, ``fa4`` or
 ``sdpa_cudnn`` (see :mod:`attnclimb.bench.peers`). Under Nsight Compute, e.g.
-``ncu --set full -k regex:attn_fwd -s 1 -c 1 python scripts/profile_one.py rung13 1x16x16384``
+``ncu --set full -k regex:attn_fwd -s 1 -c 1 python scripts/profile_one.py rung16 1x16x16384``
 (``-s 1`` skips the first launch; FA4's kernel name matches ``regex:.*cutlass.*|.*flash.*``).
 """
 

@@ -1,6 +1,6 @@
 """Which timing method separates close kernels best on a power-capped H200? (a device probe for the bench)
 
-``python scripts/timing_probe.py [--shapes 4x16x4096,2x16x8192] [--impls rung16,rung17,rung18,rung19,sdpa_cudnn]
+``python scripts/timing_probe.py [--shapes 4x16x4096,2x16x8192] [--impls rung13,rung14,rung15,rung16,sdpa_cudnn]
 [--repeats 4] [--out FILE]``
 
 Each method is run ``--repeats`` times per shape, the methods interleaved (A, B, C, A, B, C, ...) so that a drift
@@ -83,7 +83,7 @@ def calls(fns, budget_ms, flush):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4x16x4096,2x16x8192")
-    ap.add_argument("--impls", default="rung16,rung17,rung18,rung19,sdpa_cudnn")
+    ap.add_argument("--impls", default="rung13,rung14,rung15,rung16,sdpa_cudnn")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--out", default=None)
     ap.add_argument("--methods", default="win3x100,win11x30,win5x400,calls")

@@ -30,7 +30,7 @@ def test_flop_formula():
     assert shapes.attention_flops(2, 8, 8192, 8192, 256) == shapes.attention_flops(2, 16, 8192, 8192, 128)
     assert shapes.attention_flops(1, 1, 10, 10, 256) == 2 * shapes.attention_flops(1, 1, 10, 10, 128)
     d256 = shapes.FEATURE_SHAPES["fa-8k-d256-causal"]
-    row = run.make_row("rung12", d256, "ok", ms=2.0)
+    row = run.make_row("rung16", d256, "ok", ms=2.0)
     assert (row["head_dim"], row["heads"], row["causal"]) == (256, 8, True)
     assert row["tflops"] == pytest.approx(2 * 2 * 8 * 8192 * 8192 * 256 / 2e-3 / 1e12, rel=1e-5)
     # 1 ms for 1e12 FLOPs is 1000 TFLOP/s
@@ -1142,7 +1142,7 @@ def test_report_refuses_malformed_results(tmp_path, doc):
 def test_timing_phrase_says_which_were_timed_call_by_call():
     old = {"settings": {"rounds": 3}}
     assert report._timing_phrase(old) == "; median over 3 interleaved rounds"
-    new = {"settings": {"rounds": 3, "contest_span": 1.25, "interleaved": {"fa-4k": ["rung19", "fa4"]}}}
+    new = {"settings": {"rounds": 3, "contest_span": 1.25, "interleaved": {"fa-4k": ["rung16", "fa4"]}}}
     phrase = report._timing_phrase(new)
     assert "within 1.25× of a column's fastest: calls interleaved one by one" in phrase
     assert phrase.endswith("the others: median over 3 interleaved rounds")

@@ -83,19 +83,19 @@ def test_operands_in_each_memory_layout():
 
 def test_bshd_view_row_ratio_and_status():
     s = shapes.fa_shape(4096)
-    c = run.make_row("rung12", s, "ok", rounds_ms=[0.98, 0.976, 0.97], rel_l2=2e-3)
-    v = run.make_row("rung12", s, "ok", rounds_ms=[1.25, 1.247, 1.24], rel_l2=3e-3)
-    r = dropin.bshd_view_row("rung12", "12 wide_tiles", "bhsd", s.name, c, v)
+    c = run.make_row("rung16", s, "ok", rounds_ms=[0.98, 0.976, 0.97], rel_l2=2e-3)
+    v = run.make_row("rung16", s, "ok", rounds_ms=[1.25, 1.247, 1.24], rel_l2=3e-3)
+    r = dropin.bshd_view_row("rung16", "16 pingpong", "bhsd", s.name, c, v)
     assert set(r) == set(dropin.BSHD_ROW_FIELDS)
     assert (r["contiguous_ms"], r["view_ms"]) == (0.976, 1.247)  # the median rounds
     assert r["ratio"] == 1.278  # 1.247 / 0.976 = 1.27766, 4 significant digits
     assert r["view_rounds_ms"] == [1.25, 1.247, 1.24] and r["rel_l2"] == 3e-3 and r["status"] == "ok"
 
-    boom = run.make_row("rung12", s, "error: RuntimeError: no views")
-    r = dropin.bshd_view_row("rung12", "12", "bhsd", s.name, c, boom)
+    boom = run.make_row("rung16", s, "error: RuntimeError: no views")
+    r = dropin.bshd_view_row("rung16", "16", "bhsd", s.name, c, boom)
     assert r["status"] == "error: BSHD view: RuntimeError: no views"
     assert r["ratio"] is None and r["contiguous_ms"] is None and r["view_ms"] is None
-    r = dropin.bshd_view_row("rung12", "12", "bhsd", s.name, run.make_row("x", s, "skipped: refused"), v)
+    r = dropin.bshd_view_row("rung16", "16", "bhsd", s.name, run.make_row("x", s, "skipped: refused"), v)
     assert r["status"] == "skipped: contiguous: refused"
     gone = run.make_row("fa4", s, "skipped: flash_attn.cute not importable")
     r = dropin.bshd_view_row("fa4", "FA4", "bshd", s.name, gone, gone)
@@ -140,7 +140,7 @@ def _layout_fakes(log):
             return True, ""
 
     return [
-        Rec("rung12", "12 wide_tiles", "rung"),
+        Rec("rung16", "16 pingpong", "rung"),
         NoViews("sdpa_cudnn", "SDPA cuDNN", "peer"),
         WrongOnViews("sdpa_flash", "SDPA flash (FA2)", "peer"),
         Away("sdpa_efficient", "SDPA efficient", "peer"),
@@ -150,7 +150,7 @@ def _layout_fakes(log):
 
 # ms of one call by (impl, whether q is contiguous): for a BHSD impl a contiguous q is the contiguous call;
 # for FA4 (BSHD natively) a contiguous q is its view call
-_MS = {("rung12", True): 2.0, ("rung12", False): 2.5, ("sdpa_cudnn", True): 3.0, ("sdpa_flash", True): 4.0}
+_MS = {("rung16", True): 2.0, ("rung16", False): 2.5, ("sdpa_cudnn", True): 3.0, ("sdpa_flash", True): 4.0}
 _MS.update({("fa4", False): 1.5, ("fa4", True): 1.6})
 
 
@@ -174,10 +174,10 @@ def test_bshd_view_rows_on_cpu(monkeypatch):
     )
     rows = {(r["impl"], r["shape"]): r for r in sec["rows"]}
     assert [(r["impl"], r["shape"]) for r in sec["rows"]] == [
-        (i, s) for s in ("t-a", "t-b") for i in ("rung12", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "fa4")
+        (i, s) for s in ("t-a", "t-b") for i in ("rung16", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "fa4")
     ]
     for s in ("t-a", "t-b"):
-        r = rows[("rung12", s)]
+        r = rows[("rung16", s)]
         assert (r["contiguous_ms"], r["view_ms"], r["ratio"], r["status"]) == (2.0, 2.5, 1.25, "ok")
         assert r["view_rounds_ms"] == [2.5, 2.5, 2.5] and r["native_layout"] == "bhsd" and r["rel_l2"] < 1e-2
         r = rows[("fa4", s)]  # view = its ordinary BSHD call (1.6 ms), contiguous = BHSD memory transposed (1.5)
@@ -189,8 +189,8 @@ def test_bshd_view_rows_on_cpu(monkeypatch):
     # transposed views for FA4, and each layout's own memory otherwise
     seen = {(key, shape, stride) for key, shape, stride in log}
     b, h, s, d = 2, 3, 40, 128
-    assert ("rung12", (b, h, s, d), (h * s * d, s * d, d, 1)) in seen
-    assert ("rung12", (b, h, s, d), (s * h * d, d, h * d, 1)) in seen
+    assert ("rung16", (b, h, s, d), (h * s * d, s * d, d, 1)) in seen
+    assert ("rung16", (b, h, s, d), (s * h * d, d, h * d, 1)) in seen
     assert ("fa4", (b, s, h, d), (s * h * d, h * d, d, 1)) in seen
     assert ("fa4", (b, s, h, d), (h * s * d, d, s * d, 1)) in seen
     assert sec["settings"]["rounds"] == 3 and sec["settings"]["input_sets"] == {"t-a": 3, "t-b": 3}
@@ -357,16 +357,16 @@ def _sections():
     s_wan, s_4k = shapes.WAN_SHAPE, shapes.fa_shape(4096)
     mk = run.make_row
     rows = []
-    for s, times in ((s_wan, {"rung12": (10.084, 10.787), "sdpa_cudnn": (11.575, 11.803)}),):
+    for s, times in ((s_wan, {"rung16": (10.084, 10.787), "sdpa_cudnn": (11.575, 11.803)}),):
         for impl, (c, v) in times.items():
             rows += [mk(f"{impl}@bhsd", s, "ok", ms=c), mk(f"{impl}@bshd", s, "ok", ms=v)]
         rows += [mk("fa4@bhsd", s, "skipped: flash_attn.cute not importable")]
         rows += [mk("fa4@bshd", s, "skipped: flash_attn.cute not importable")]
-    for impl, (c, v) in {"rung12": (0.976, 1.247), "sdpa_cudnn": (0.857, 0.854)}.items():
+    for impl, (c, v) in {"rung16": (0.976, 1.247), "sdpa_cudnn": (0.857, 0.854)}.items():
         rows += [mk(f"{impl}@bhsd", s_4k, "ok", ms=c), mk(f"{impl}@bshd", s_4k, "ok", ms=v)]
     rows += [mk("fa4@bhsd", s_4k, "skipped: flash_attn.cute not importable")]
     rows += [mk("fa4@bshd", s_4k, "skipped: flash_attn.cute not importable")]
-    bases = [peers.Impl("rung12", "12 wide_tiles", "rung"), peers.make_peer("sdpa_cudnn"), peers.make_peer("fa4")]
+    bases = [peers.Impl("rung16", "16 pingpong", "rung"), peers.make_peer("sdpa_cudnn"), peers.make_peer("fa4")]
     bshd = dropin.bshd_view_section(bases, [s_wan, s_4k], rows, [], {"rounds": 3, "warmup_ms": 25.0})
 
     host_rows = []
@@ -392,7 +392,7 @@ def _sections():
 def _doc(sections=None):
     s = shapes.fa_shape(4096)
     rows = [
-        run.make_row("rung12", s, "ok", ms=0.976, label="12 wide_tiles"),
+        run.make_row("rung16", s, "ok", ms=0.976, label="16 pingpong"),
         run.make_row("sdpa_cudnn", s, "ok", ms=0.857),
     ]
     env = {"device": "NVIDIA H200", "commit": "abc", "date": "2026-12-01T00:00:00+00:00"}
@@ -407,7 +407,7 @@ def test_results_json_with_the_sections(tmp_path):
     assert all(set(r) == set(dropin.BSHD_ROW_FIELDS) for r in bshd["rows"])
     assert all(set(r) == set(dropin.HOST_ROW_FIELDS) for r in host["rows"])
     by = {(r["impl"], r["shape"]): r for r in bshd["rows"]}
-    assert by[("rung12", "wan2.1-1.3b-480p")]["ratio"] == 1.07  # 10.787 / 10.084 = 1.0697
+    assert by[("rung16", "wan2.1-1.3b-480p")]["ratio"] == 1.07  # 10.787 / 10.084 = 1.0697
     assert by[("sdpa_cudnn", "fa-4k")]["ratio"] == 0.9965  # 0.854 / 0.857
     assert by[("fa4", "fa-4k")]["status"] == "skipped: flash_attn.cute not importable"
     assert {r["key"]: r["ratio_to_cudnn"] for r in host["rows"]}["attnclimb_sdpa"] == 1.432  # 39.8 / 27.8
@@ -447,10 +447,10 @@ BSHD_MD = [
     "",
     "| impl | shape | contiguous (ms) | BSHD view (ms) | view / contiguous |",
     "|:---|:---|---:|---:|---:|",
-    "| 12 wide_tiles | Wan2.1-1.3B 480p (B1 H12 S32760) | 10.084 | 10.787 | 1.070× |",
+    "| 16 pingpong | Wan2.1-1.3B 480p (B1 H12 S32760) | 10.084 | 10.787 | 1.070× |",
     "| SDPA cuDNN | Wan2.1-1.3B 480p (B1 H12 S32760) | 11.575 | 11.803 | 1.020× |",
     "| FlashAttention-4 (sm90) | Wan2.1-1.3B 480p (B1 H12 S32760) | — | — | — |",
-    "| 12 wide_tiles | 4k (B4 H16 S4096) | 0.976 | 1.247 | 1.278× |",
+    "| 16 pingpong | 4k (B4 H16 S4096) | 0.976 | 1.247 | 1.278× |",
     "| SDPA cuDNN | 4k (B4 H16 S4096) | 0.857 | 0.854 | 0.997× |",
     "| FlashAttention-4 (sm90) | 4k (B4 H16 S4096) | — | — | — |",
     "",
@@ -494,13 +494,13 @@ def test_console_with_and_without_the_sections():
     assert full[: len(plain)] == plain
     extra = full[len(plain) :]
     assert extra[0] == "" and extra[1].startswith("BSHD views (goal ≤ 1.02x): median time of one call")
-    assert all(len(line) <= 110 for line in extra if not line.startswith(("impl", "---", "12", "SDPA", "Flash")))
+    assert all(len(line) <= 110 for line in extra if not line.startswith(("impl", "---", "16", "SDPA", "Flash")))
     i = next(i for i, line in enumerate(extra) if line.startswith("impl "))
     assert " ".join(extra[1:i]).endswith("its contiguous call gets .transpose(1, 2) of the (B, H, S, D) tensors.")
     assert extra[i : i + 3] == [
         "impl                     shape                             contiguous (ms)  BSHD view (ms)  view / contiguous",
         "-----------------------  --------------------------------  ---------------  --------------  -----------------",
-        "12 wide_tiles            Wan2.1-1.3B 480p (B1 H12 S32760)           10.084          10.787             1.070x",
+        "16 pingpong              Wan2.1-1.3B 480p (B1 H12 S32760)           10.084          10.787             1.070x",
     ]
     assert "  fa4 at Wan2.1-1.3B 480p, 4k: skipped: flash_attn.cute not importable" in extra
     i = extra.index("call                                    µs per call  x SDPA cuDNN")
@@ -521,7 +521,7 @@ def test_report_cli_prints_the_section_tables(tmp_path, capsys):
     assert out[0].startswith("updated ") and out[1].startswith("BSHD views (goal ≤ 1.02x)")
     assert out[-9].startswith("call ") and out[-10].endswith("median over 3 interleaved rounds.")
     assert (
-        "12 wide_tiles            4k (B4 H16 S4096)                           0.976           1.247             1.278x"
+        "16 pingpong              4k (B4 H16 S4096)                           0.976           1.247             1.278x"
         in out
     )
     assert out[-1] == "  sdpa_x: error: RuntimeError: boom"

@@ -14,7 +14,7 @@ from attnclimb.bench import peers, report, run, shapes, timing
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 TOP = rungs.TOP
-# the rungs with issue 8's variants: rung 12 and the rung above it, which keeps them
+# the rungs with issue 8's variants: rung 10 and every rung above it, which keep them
 FEATURED = [r for r in rungs.RUNGS if r.features]
 WHO = f"issue 8: rungs {', '.join(str(r.number) for r in FEATURED)} have them"
 TOP_ROW = f"| {TOP.number} {TOP.name}"
@@ -167,7 +167,7 @@ def test_rungs_without_the_variants_are_skipped_with_the_reason(rung):
 
 
 def test_feature_columns_time_the_top_rung_only():
-    """A rung below the top that has the variants (rung 12 under rung 13) computes the feature columns but
+    """A rung below the top that has the variants (rungs 10-15 under rung 16) computes the feature columns but
     is not timed there by default (their compiles would double the bench); the main columns it runs."""
     below = [r for r in rungs.RUNGS if r.features and r is not TOP]
     assert below, "expected a rung below the top with the feature variants"
@@ -185,23 +185,23 @@ def test_feature_columns_time_the_top_rung_only():
 
 def test_unsupported_head_dim_reasons_follow_the_ladder(monkeypatch):
     """The reason names who has the variant, from the ladder: the top rung alone, several rungs, or none."""
-    top, r11 = peers.RungImpl(TOP), peers.RungImpl(rungs.BY_NUMBER[11])
+    top, r9 = peers.RungImpl(TOP), peers.RungImpl(rungs.BY_NUMBER[9])
     d96 = shapes.fa_shape(4096, head_dim=96)
-    assert top.unsupported(d96) == r11.unsupported(d96) == "no head_dim 96 variant (no rung has it)"
+    assert top.unsupported(d96) == r9.unsupported(d96) == "no head_dim 96 variant (no rung has it)"
     d96c = shapes.fa_shape(4096, head_dim=96, causal=True)
     assert top.unsupported(d96c) == "no head_dim 96 variant (no rung has it)"
-    assert r11.unsupported(d96c) == "no causal or head_dim 96 variant (no rung has them)"
+    assert r9.unsupported(d96c) == "no causal or head_dim 96 variant (no rung has them)"
     three = shapes.Shape("x", "x", 1, 4, 64, 64, head_dim=64, causal=True, heads_kv=2)
-    assert r11.unsupported(three) == f"no causal, grouped-query or head_dim 64 variant ({WHO})"
+    assert r9.unsupported(three) == f"no causal, grouped-query or head_dim 64 variant ({WHO})"
     assert top.unsupported(three) is None
-    # a ladder where rung 11 has head_dim 64 too: the reason says so
-    wider = dataclasses.replace(rungs.BY_NUMBER[11], head_dims={64: {}})
-    monkeypatch.setattr(rungs, "RUNGS", tuple(wider if r.number == 11 else r for r in rungs.RUNGS))
+    # a ladder where rung 9 has head_dim 64 too: the reason says so
+    wider = dataclasses.replace(rungs.BY_NUMBER[9], head_dims={64: {}})
+    monkeypatch.setattr(rungs, "RUNGS", tuple(wider if r.number == 9 else r for r in rungs.RUNGS))
     d64 = shapes.FEATURE_SHAPES["fa-8k-d64"]
     assert peers.RungImpl(wider).unsupported(d64) is None
-    with_d64 = ", ".join(str(r.number) for r in rungs.RUNGS if 64 in r.head_dims or r.number == 11)
-    assert with_d64.startswith("11, 12, 13")
-    assert r11.unsupported(d64) == f"no head_dim 64 variant (issue 8: rungs {with_d64} have them)"  # r11: built before
+    with_d64 = ", ".join(str(r.number) for r in rungs.RUNGS if 64 in r.head_dims or r.number == 9)
+    assert with_d64.startswith("9, 10, 11")
+    assert r9.unsupported(d64) == f"no head_dim 64 variant (issue 8: rungs {with_d64} have them)"  # r9: built before
 
 
 def test_for_shape_sets_the_variant_on_a_copy():
@@ -308,12 +308,12 @@ def _feature_run(monkeypatch, respect_limits=True):
         shapes.Shape("t-gqa-causal", "GQA 4/2 causal", 1, 4, 64, 64, heads_kv=2, causal=True, group="features"),
     ]
     impls = [
-        _CpuRung(rungs.BY_NUMBER[11]),
+        _CpuRung(rungs.BY_NUMBER[9]),
         _CpuRung(TOP),
         _Blind("rung99", "99 blind", "rung"),
         _CpuSdpa("sdpa_cudnn"),
     ]
-    impls[0].max_bench_seqlen = 70  # a limit that would skip rung 11 on the main column without --no-limits
+    impls[0].max_bench_seqlen = 70  # a limit that would skip rung 9 on the main column without --no-limits
     rows, notes, settings = run.run_bench(
         impls, sh, 1, 1, respect_limits=respect_limits, progress=_Quiet(), device="cpu"
     )
@@ -325,10 +325,10 @@ def test_bench_loop_runs_the_feature_columns(monkeypatch):
     st = {(r["impl"], r["shape"]): r["status"] for r in rows}
     for s in ("t-causal", "t-gqa", "t-gqa-causal"):
         assert st[(TOP.key, s)] == "ok" and st[("sdpa_cudnn", s)] == "ok"
-    assert st[("rung11", "t-main")] == "ok"
-    assert st[("rung11", "t-causal")] == f"skipped: no causal variant ({WHO})"
-    assert st[("rung11", "t-gqa")] == f"skipped: no grouped-query variant ({WHO})"
-    assert st[("rung11", "t-gqa-causal")].startswith("skipped: no causal or grouped-query variant")
+    assert st[("rung09", "t-main")] == "ok"
+    assert st[("rung09", "t-causal")] == f"skipped: no causal variant ({WHO})"
+    assert st[("rung09", "t-gqa")] == f"skipped: no grouped-query variant ({WHO})"
+    assert st[("rung09", "t-gqa-causal")].startswith("skipped: no causal or grouped-query variant")
     assert st[("rung99", "t-causal")].startswith("error: wrong result (rel_l2")  # the check knows the mask
     assert st[("rung99", "t-gqa")].startswith("error: ")  # torch refuses 4 query heads on 2 K/V heads
     by = {(r["impl"], r["shape"]): r for r in rows}
@@ -337,7 +337,7 @@ def test_bench_loop_runs_the_feature_columns(monkeypatch):
     assert r["tflops"] == pytest.approx(shapes.tflops(2 * 4 * 64 * 64 * 128, 2.0))  # the halved count
     # the rungs without the variants are skipped there even when the limits are ignored
     _, rows2, _, _ = _feature_run(monkeypatch, respect_limits=False)
-    assert {(r["impl"], r["shape"]): r["status"] for r in rows2}[("rung11", "t-causal")] == st[("rung11", "t-causal")]
+    assert {(r["impl"], r["shape"]): r["status"] for r in rows2}[("rung09", "t-causal")] == st[("rung09", "t-causal")]
 
 
 def test_footnote_helpers():
@@ -374,7 +374,7 @@ def test_report_puts_the_feature_columns_in_their_own_table(monkeypatch):
     assert [line.split(" | ")[0] for line in feature_rows] == [TOP_ROW, "| 99 blind", "| SDPA cuDNN"]
     assert feature_rows[0] == f"{TOP_ROW} | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
     foot = [line for line in md[tables[1] :] if "not run here" in line]
-    assert foot == [f"- rung11: not run here (no causal or grouped-query variant; {WHO})"]
+    assert foot == [f"- rung09: not run here (no causal or grouped-query variant; {WHO})"]
     assert any(line.startswith("- rung99 at causal: error: wrong result") for line in md)
     # the main table's phrase stays "non-causal": the variants are the other table's
     assert "bf16, head_dim 128, non-causal;" in md[2]
@@ -382,7 +382,7 @@ def test_report_puts_the_feature_columns_in_their_own_table(monkeypatch):
     page = report.rung_page_block(doc, TOP.number)
     assert "causal" not in page and f"| **this rung {TOP.number}** |" in page
     text = report.console_table(doc)
-    assert "Causal and grouped-query attention" in text and "rung11" in text.split("Causal and grouped")[1]
+    assert "Causal and grouped-query attention" in text and "rung09" in text.split("Causal and grouped")[1]
     assert report._chart_columns(doc) == [("t-main", "main")]
 
 
@@ -428,7 +428,7 @@ def _head_dim_run(monkeypatch):
     ]
     top_fixed = _FixedScale(TOP)
     top_fixed.key, top_fixed.label = "rung98", "98 fixed scale"  # the top rung's variants, a wrong scale
-    impls = [_CpuRung(rungs.BY_NUMBER[11]), _CpuRung(TOP), top_fixed, _Crop("rung97", "97 crop", "rung")]
+    impls = [_CpuRung(rungs.BY_NUMBER[9]), _CpuRung(TOP), top_fixed, _Crop("rung97", "97 crop", "rung")]
     impls.append(_CpuSdpa("sdpa_cudnn"))
     rows, notes, _ = run.run_bench(impls, sh, 1, 1, progress=_Quiet(), device="cpu")
     return sh, rows, notes, made
@@ -443,12 +443,12 @@ def test_bench_loop_runs_the_head_dim_columns(monkeypatch):
     st = {(r["impl"], r["shape"]): r["status"] for r in rows}
     for s in sh:
         assert st[(TOP.key, s.name)] == "ok" and st[("sdpa_cudnn", s.name)] == "ok"
-    assert st[("rung11", "t-main")] == "ok" and st[("rung98", "t-main")] == "ok"  # 1/sqrt(128) is right at 128
+    assert st[("rung09", "t-main")] == "ok" and st[("rung98", "t-main")] == "ok"  # 1/sqrt(128) is right at 128
     top_only = WHO
-    assert st[("rung11", "t-d64")] == f"skipped: no head_dim 64 variant ({top_only})"
-    assert st[("rung11", "t-d64-causal")] == f"skipped: no causal or head_dim 64 variant ({top_only})"
-    assert st[("rung11", "t-d256")] == f"skipped: no head_dim 256 variant ({top_only})"
-    assert st[("rung11", "t-d256-causal")] == f"skipped: no causal or head_dim 256 variant ({top_only})"
+    assert st[("rung09", "t-d64")] == f"skipped: no head_dim 64 variant ({top_only})"
+    assert st[("rung09", "t-d64-causal")] == f"skipped: no causal or head_dim 64 variant ({top_only})"
+    assert st[("rung09", "t-d256")] == f"skipped: no head_dim 256 variant ({top_only})"
+    assert st[("rung09", "t-d256-causal")] == f"skipped: no causal or head_dim 256 variant ({top_only})"
     for name in ("t-d64", "t-d64-causal", "t-d256", "t-d256-causal"):
         assert st[("rung98", name)].startswith("error: wrong result (rel_l2")  # the reference scales by the head_dim
         assert st[("rung97", name)].startswith("error: wrong result (output shape")
@@ -464,7 +464,7 @@ def test_report_shows_the_head_dim_columns(monkeypatch):
     sh, rows, notes, _ = _head_dim_run(monkeypatch)
     gqa = shapes.Shape("t-gqa", "GQA 4/2", 1, 4, 64, 64, heads_kv=2, group="features")
     rows += [run.make_row(i, gqa, "ok", ms=1.0) for i in (TOP.key, "sdpa_cudnn")]
-    rows.append(run.make_row("rung11", gqa, f"skipped: no grouped-query variant ({WHO})"))
+    rows.append(run.make_row("rung09", gqa, f"skipped: no grouped-query variant ({WHO})"))
     doc = run.build_results({"device": "NVIDIA H200"}, rows, [*sh, gqa], {"rounds": 3}, notes)
     assert [s["head_dim"] for s in doc["shapes"]] == [128, 64, 64, 256, 256, 128]
     assert {(r["shape"], r["head_dim"]) for r in doc["rows"]} == {(s.name, s.head_dim) for s in [*sh, gqa]}
@@ -489,7 +489,7 @@ def test_report_shows_the_head_dim_columns(monkeypatch):
     ]
     assert feature_rows[0] == f"{TOP_ROW} | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) | 0 (1.00×) |"
     foot = [line for line in md[tables[1] :] if "not run here" in line]
-    assert foot == [f"- rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"]
+    assert foot == [f"- rung09: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"]
     for lab in ("d64", "d64 causal", "d256", "d256 causal"):
         assert sum(line.startswith(f"- rung98 at {lab}: error: wrong result (rel_l2") for line in md) == 1
         assert sum(line.startswith(f"- rung97 at {lab}: error: wrong result (output shape") for line in md) == 1
@@ -535,7 +535,7 @@ def test_report_of_the_default_feature_columns():
         "| SDPA cuDNN",
     ]
     assert [line for line in md if "not run here" in line] == [
-        f"- rung00–rung11: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"
+        f"- rung00–rung09: not run here (no causal, grouped-query, head_dim 64 or head_dim 256 variant; {WHO})"
     ]
     title = next(line for line in md if line.startswith("**Causal and grouped-query attention, head_dim 64 and 256"))
     assert "; 16 heads where the column gives no dimensions, batch·seqlen = 16384;" in title

@@ -253,8 +253,8 @@ def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
     assert sass_digest(compile_rung(off, "sm_90a").cubin) == sass_digest(compiled[rungs.TOP.key].cubin)
 
 
-# The FP16 variant (fp16 Q, K, V, O) with each feature alone, all of them, the short causal tiles and both
-# other head dims: (causal, gqa, lse, strided, head_dim, seqlen_k)
+# The FP16 variant (fp16 Q, K, V, O) with each feature alone, all of them, the long-K/V tiles (where the rung has
+# them) and both other head dims: (causal, gqa, lse, strided, head_dim, seqlen_k)
 FP16_CASES = [
     (0, 0, 0, 0, 128, None),
     (1, 0, 0, 0, 128, None),
@@ -262,7 +262,7 @@ FP16_CASES = [
     (0, 0, 1, 0, 128, None),
     (0, 0, 0, 1, 128, None),
     (1, 1, 1, 1, 128, None),
-    (1, 1, 1, 1, 128, 1),
+    (0, 1, 1, 1, 128, 10**5),
     (1, 1, 1, 1, 64, None),
     (1, 1, 1, 1, 256, None),
     (0, 0, 0, 0, 256, None),
@@ -288,7 +288,7 @@ def _shift_and_vote(text):
 @pytest.mark.parametrize("number", FP16_RUNGS)
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: "fp16-" + "".join(map(str, c[:4])) + f"-d{c[4]}-k{c[5]}")
 def test_top_rung_fp16_variants_compile(case, number):
-    """The FP16 variants of rungs 12-14 build for sm_90a without spills or local memory, within the
+    """The FP16 variants of rungs 10-16 build for sm_90a without spills or local memory, within the
     setmaxnreg pool, and run both wgmmas on fp16 operands (SASS HGMMA without the .BF16 type of the bf16
     build) with P packed by F2FP.F16 (cvt.rn.f16x2.f32), never by the bf16 pack; the per-row shift of fp16 P
     (FRND.CEIL) and its warp vote (VOTE.ANY) are there (their absence from the bf16 builds: below)."""
@@ -320,17 +320,17 @@ SHIFT_CASES = [(0, 0, 0, 0), (0, 0, 1, 0), (1, 1, 1, 1)]
 @pytest.mark.parametrize("number", FP16_RUNGS)
 def test_fp16_shift_and_vote_are_the_fp16_variants_own(number):
     """FRND.CEIL (k = ceil(e)) and VOTE.ANY (the __any_sync over k != 0) appear in the fp16 builds of rungs
-    12-14 and not in the bf16 build of the same variant, so a kernel that drops the shift or the vote fails
-    here (the CPU model's tests show what the shift is for). Rung 14's bf16 build has votes of its own (the
-    lazy rescale's skip of the O rescale): its fp16 build must have more. With WRITE_LSE the epilogue's own k
-    adds FRND.CEILs (NVRTC 13.0: 4 → 6), so an LSE without k fails too."""
+    10-16 and not in the bf16 build of the same variant, so a kernel that drops the shift or the vote fails
+    here (the CPU model's tests show what the shift is for). The bf16 builds of rungs 12-16 have votes of their
+    own (the lazy rescale's skip of the O rescale): their fp16 builds must have more. With WRITE_LSE the
+    epilogue's own k adds FRND.CEILs (NVRTC 13.0: 4 → 6), so an LSE without k fails too."""
     counts = {}
     for feats in SHIFT_CASES:
         for fp16 in (False, True):
             r = _fp16_variant(*feats, 128, None, number=number, fp16=fp16)
             assert r.defines().get("FP16", 0) == int(fp16)
             counts[feats, fp16] = _shift_and_vote(sass(compile_rung(r, "sm_90a").cubin))
-    lazy = number >= 14  # rung 14: the bf16 build votes on skipping the O rescale
+    lazy = number >= 12  # rungs 12-16: the bf16 build votes on skipping the O rescale
     for feats in SHIFT_CASES:
         bf16_frnd, bf16_vote = counts[feats, False]
         assert bf16_frnd == 0 and (bf16_vote >= 1 if lazy else bf16_vote == 0), (feats, counts[feats, False])
@@ -355,15 +355,23 @@ def test_feature_variant_refuses_missing_features():
 
     assert feature_variant(rungs.TOP, False, False, False) is rungs.TOP
     assert feature_variant(rungs.TOP, True, False, True) is feature_variant(rungs.TOP, True, False, True)
-    # every short causal length maps to one variant (compiled and loaded once), long ones to the default tiles
-    short = rungs.TOP.causal_short[0]
-    assert rungs.TOP.takes_causal_short(short) and not rungs.TOP.takes_causal_short(short + 1)
-    assert not rungs.TOP.takes_causal_short(None) and not rungs.get(11).takes_causal_short(1)
-    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=1) is feature_variant(
-        rungs.TOP, True, False, False, seqlen_k=short
+    # no rung of the ladder has short causal tiles (Rung.causal_short): every causal length takes the rung's own
+    assert not any(r.causal_short for r in rungs.RUNGS)
+    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=1) is feature_variant(rungs.TOP, True, False, False)
+    # a rung with them: every short causal length maps to one variant (compiled and loaded once), long ones to the
+    # default tiles, non-causal calls never
+    import dataclasses
+
+    shorty = dataclasses.replace(rungs.TOP, causal_short=(2048, {"block_n": 64, "kv_box_rows": 64}))
+    short = shorty.causal_short[0]
+    assert shorty.takes_causal_short(short) and not shorty.takes_causal_short(short + 1)
+    assert not shorty.takes_causal_short(None) and not rungs.TOP.takes_causal_short(1)
+    assert feature_variant(shorty, True, False, False, seqlen_k=1) is feature_variant(
+        shorty, True, False, False, seqlen_k=short
     )
-    assert feature_variant(rungs.TOP, True, False, False, seqlen_k=short + 1).block_n == rungs.TOP.block_n
-    assert feature_variant(rungs.TOP, False, False, True, seqlen_k=1).block_n == rungs.TOP.block_n  # not causal
+    assert feature_variant(shorty, True, False, False, seqlen_k=1).block_n == 64
+    assert feature_variant(shorty, True, False, False, seqlen_k=short + 1).block_n == shorty.block_n
+    assert feature_variant(shorty, False, False, True, seqlen_k=1).block_n == shorty.block_n  # not causal
     # non-causal from long_kv's bound on: its tiles, one variant for every length, with or without features;
     # causal calls and other head dims never take them
     long = rungs.TOP.long_kv[0]
@@ -375,9 +383,9 @@ def test_feature_variant_refuses_missing_features():
     assert feature_variant(rungs.TOP, True, False, False, seqlen_k=long).threads == rungs.TOP.threads
     assert feature_variant(rungs.TOP, False, False, False, head_dim=256, seqlen_k=long).block_n == 64
     with pytest.raises(ValueError, match="causal"):
-        feature_variant(rungs.get(11), True, False, False)
-    with pytest.raises(ValueError, match="fp16"):  # the lower rungs stay bf16-only
-        feature_variant(rungs.get(11), False, False, False, fp16=True)
+        feature_variant(rungs.get(9), True, False, False)
+    with pytest.raises(ValueError, match="fp16"):  # the rungs below 10 stay bf16-only
+        feature_variant(rungs.get(9), False, False, False, fp16=True)
     fp16 = feature_variant(rungs.TOP, False, False, False, fp16=True)
     assert fp16 is feature_variant(rungs.TOP, False, False, False, fp16=True) and fp16.defines()["FP16"] == 1
     assert "FP16" not in feature_variant(rungs.TOP, True, False, False).defines()  # bf16 keys stay as they were
@@ -388,7 +396,7 @@ def test_feature_variant_refuses_missing_features():
 def test_top_rung_head_dim_variants_compile(head_dim, causal, gqa, strided):
     """The top rung's head_dim 64 and 256 variants (issue 8), with the LSE, build without spills and within
     shared memory (head_dim 64 with causal, GQA and the LSE has the fewest registers to spare: 160 per consumer
-    thread at 512 threads; a review found rung 15's first version spilling 8 bytes there)."""
+    thread at 512 threads; a review found old rung 15's first version spilling 8 bytes there)."""
     from attnclimb.runtime.launch import feature_variant
 
     r = feature_variant(rungs.TOP, bool(causal), bool(gqa), True, bool(strided), head_dim)
@@ -409,8 +417,8 @@ def _softmax_windows(lines: list) -> list:
     """Per wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) in the SASS ``lines``: ``(i, j)``, that wait's line and
     the next wgmma wait's. Asserts that there is exactly one wait for P·V (``... 0x0``) between the wait for S and
     the next wgmma: ``wgmma.wait_group`` is ``.aligned`` over the warpgroup, so it may not be copied into the
-    arms of a warp-uniform branch such as the lazy rescale's (the first rung 16 did, and compute-sanitizer's
-    synccheck failed on it)."""
+    arms of a warp-uniform branch such as the lazy rescale's (the first version of old rung 16, today's 13, did,
+    and compute-sanitizer's synccheck failed on it)."""
     waits = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln]
     assert waits, "no wait_group 1 in the kernel"
     out = []
@@ -428,7 +436,7 @@ def _overlap_cases():
     top = rungs.TOP
     cases = [(key, rungs.BY_NUMBER[int(key[4:])]) for key in OVERLAP_RUNGS]
     cases.append(("top-causal-gqa-strided", feature_variant(top, True, True, True, True)))
-    cases.append(("top-causal-short", feature_variant(top, True, False, False, seqlen_k=1)))
+    cases.append(("top-long-kv", feature_variant(top, False, False, False, seqlen_k=top.long_kv[0])))
     cases += [(f"top-hd{d}", feature_variant(top, False, False, False, head_dim=d)) for d in top.head_dims]
     cases.append(("top-fp16", feature_variant(top, False, False, False, fp16=True)))
     cases.append(("top-fp16-causal-gqa-lse-strided", feature_variant(top, True, True, True, True, fp16=True)))
@@ -467,21 +475,23 @@ def _p_buffer_builds(n):
 
 
 def _pack_cases():
-    """Rungs 16 and 17's builds with the second P buffer (two consumer warpgroups) and those without it (three)."""
+    """Rungs 13 and 14's builds with the second P buffer (two consumer warpgroups) and those without it (three),
+    and rung 12 (one P buffer). Rungs 15 and 16 pack P twice in their two-buffer builds (the exponentials first):
+    ``test_exp_first_votes_after_the_exponentials``."""
     cases = []
-    for n in (16, 17):
+    for n in (13, 14):
         double, single = _p_buffer_builds(n)
         cases += [(k, r, True) for k, r in double] + [(k, r, False) for k, r in single]
-    return cases + [("rung15", rungs.get(15), False)]
+    return cases + [("rung12", rungs.get(12), False)]
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 @pytest.mark.parametrize("case", _pack_cases(), ids=lambda c: c[0])
-def test_rung16_packs_p_under_the_pv_wgmma(case):
-    """Rungs 16 and 17 pack P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
+def test_p_double_buffer_packs_p_under_the_pv_wgmma(case):
+    """Rungs 13 and 14 pack P of tile j (BLOCK_N / 4 F2FP per thread) between the wait for S_j and the wait for
     P_{j-1}·V_{j-1}, into the buffer that P·V does not read: every steady-loop window between those waits holds
     the whole pack. Where the second buffer does not fit (three consumer warpgroups: head_dim 64, the long-K/V
-    tiles), and in rung 15, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
+    tiles), and in rung 12, the pack follows the P·V wait. Between the wait for S and the next wgmma there is
     exactly one wait for P·V (``_softmax_windows``)."""
     _, r, double = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
@@ -495,23 +505,23 @@ def test_rung16_packs_p_under_the_pv_wgmma(case):
 
 
 def _exp_first_cases():
-    """Rungs 17, 18 and 19's builds with two P buffers (rung 18's idea on from rung 18) and their three-warpgroup
-    long-K/V builds (one P buffer: rungs 18 and 19 keep rung 17's softmax there)."""
+    """Rungs 14, 15 and 16's builds with two P buffers (rung 15's idea on from rung 15) and their three-warpgroup
+    long-K/V builds (one P buffer: rungs 15 and 16 keep rung 14's softmax there)."""
     cases = []
-    for n in (17, 18, 19):
+    for n in (14, 15, 16):
         double, single = _p_buffer_builds(n)
         single = [(k, r) for k, r in single if k.endswith("-long-kv")]
-        cases += [(k, r, n >= 18) for k, r in double] + [(k, r, False) for k, r in single]
+        cases += [(k, r, n >= 15) for k, r in double] + [(k, r, False) for k, r in single]
     return cases
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 @pytest.mark.parametrize("case", _exp_first_cases(), ids=lambda c: c[0])
-def test_rung18_votes_after_the_exponentials(case):
-    """Rung 18's idea in the machine code (and rung 19's, which keeps it): in every steady-loop window between the
+def test_exp_first_votes_after_the_exponentials(case):
+    """Rung 15's idea in the machine code (and rung 16's, which keeps it): in every steady-loop window between the
     wait for S and the wait for P·V, their builds with two P buffers issue the first MUFU.EX2 before the
     kept-reference vote (VOTE.ALL) and hold two packs of P (the speculative one and the full path's; an fp16 build
-    also rounds the l fix's P, two per path). Rung 17, and the three-warpgroup builds of rungs 18 and 19, vote
+    also rounds the l fix's P, two per path). Rung 14, and the three-warpgroup builds of rungs 15 and 16, vote
     before the first exponential (the row-max loop ahead of them)."""
     _, r, first = case
     lines = sass(compile_rung(r, "sm_90a").cubin).splitlines()
@@ -543,9 +553,10 @@ def _steady_loop(text: str) -> list:
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung13_steady_loop_counts_match_its_figure(compiled):
-    """Rung 13's budget figure quotes the steady loop's SASS of rungs 12 and 13 (figures/late.py LOOP_SASS):
-    recounted here, so that a change of either kernel or of the compiler shows up as a stale figure."""
+def test_const_desc_steady_loop_counts_match_its_figure(compiled):
+    """The const-desc rung's budget figure (rung 11's page) quotes the steady loop's SASS of the rungs it names
+    (figures/late.py LOOP_SASS: rung 11 and the rung below it): recounted here, so that a change of either kernel
+    or of the compiler shows up as a stale figure."""
     from collections import Counter
 
     from attnclimb.figures.late import LOOP_SASS
@@ -561,22 +572,26 @@ def test_rung13_steady_loop_counts_match_its_figure(compiled):
         assert {k: got[k] for k in want if k != "total"} | {"total": len(ops)} == want, number
 
 
+def _first_softmax_window(text: str) -> str:
+    """The SASS ``text`` from the first wait for S to the next wait for P·V."""
+    start = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    return text[start : text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", start)]
+
+
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung15_row_max_reduction_behind_a_vote(compiled):
-    """Rung 15's steady loop (from the wait for S to the wait for P·V): the quad shuffles of the row max come
-    after a VOTE.ALL and a branch (the fast path for kept references skips them), and no MUFU.EX2 precedes
-    that vote; in rung 14's loop the shuffles are unconditional (no VOTE.ALL there)."""
-
-    def window(number):
-        text = sass(compiled[rungs.get(number).key].cubin)
-        start = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
-        return text[start : text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", start)]
-
-    w15, w14 = window(15), window(14)
-    vote, shfl = w15.index("VOTE.ALL"), w15.index("SHFL.BFLY")
-    assert vote < shfl and re.search(r"\bBRA\b", w15[vote:shfl])
-    assert "MUFU.EX2" not in w15[:vote]
-    assert "VOTE.ALL" not in w14 and "SHFL.BFLY" in w14
+@pytest.mark.parametrize("number", [12, 13, 14])
+def test_lazy_rescale_row_max_reduction_behind_a_vote(compiled, number):
+    """The kept-reference fast path of rung 12 (and of rungs 13 and 14, which keep its order; rungs 15 and 16
+    compute the exponentials first: ``test_exp_first_votes_after_the_exponentials``): in the steady loop (from
+    the wait for S to the wait for P·V) the quad shuffles of the row max come after a VOTE.ALL and a branch (the
+    fast path for kept references skips them), and no MUFU.EX2 precedes that vote; in rung 11's loop (the eager
+    rescale) the shuffles are unconditional (no VOTE.ALL there)."""
+    w = _first_softmax_window(sass(compiled[rungs.get(number).key].cubin))
+    w11 = _first_softmax_window(sass(compiled[rungs.get(11).key].cubin))
+    vote, shfl = w.index("VOTE.ALL"), w.index("SHFL.BFLY")
+    assert vote < shfl and re.search(r"\bBRA\b", w[vote:shfl])
+    assert "MUFU.EX2" not in w[:vote]
+    assert "VOTE.ALL" not in w11 and "SHFL.BFLY" in w11
 
 
 def _s_groups(lines: list) -> list:
@@ -603,23 +618,26 @@ def _s_issue_r2ur(text: str) -> list:
     "causal,gqa,lse,strided,fp16,head_dim,seqlen_k",
     [(0, 0, 0, 0, 0, 128, None), (1, 1, 1, 1, 1, 128, None), (0, 0, 0, 0, 0, 64, None), (0, 0, 0, 0, 0, 128, 10**5)],
 )
-def test_rung17_issues_s_without_r2ur(causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
-    """Rung 17's S = Q·Kᵀ wgmmas take their descriptors from uniform registers: no R2UR in the instructions
-    that issue them, where rung 16 moves each Q descriptor with two (plain, feature, head_dim 64 and long-K/V
-    builds)."""
+def test_uniform_warp_issues_s_without_r2ur(causal, gqa, lse, strided, fp16, head_dim, seqlen_k):
+    """Rung 14's S = Q·Kᵀ wgmmas take their descriptors from uniform registers, and so do rungs 15 and 16's: no
+    R2UR in the instructions that issue them, where rung 13 moves the Q descriptors with at least one per S wgmma
+    (plain, feature, head_dim 64 and long-K/V builds; NVRTC 13.5: 15 for the 8 wgmmas at head_dim 128, 7 for the 4
+    at 64, where old rung 16, without the staged epilogue, had two each)."""
     from attnclimb.runtime.launch import feature_variant
 
     args = (bool(causal), bool(gqa), bool(lse), bool(strided), head_dim, seqlen_k, bool(fp16))
-    before = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(16), *args), "sm_90a").cubin))
-    after = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(17), *args), "sm_90a").cubin))
-    assert before and min(before) >= 8, before  # what rung 17 removes is there in rung 16
-    assert after and max(after) == 0, after
+    before = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(13), *args), "sm_90a").cubin))
+    assert before and min(before) >= head_dim // 16, before  # what rung 14 removes is there in rung 13
+    for n in range(14, rungs.TOP.number + 1):
+        after = _s_issue_r2ur(sass(compile_rung(feature_variant(rungs.get(n), *args), "sm_90a").cubin))
+        assert after and max(after) == 0, (n, after)
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung17_s_group_counts_match_its_figure(compiled):
-    """Rung 17's figure quotes the SASS of one S group and the kernel's R2UR and size, in rungs 16 and 17
-    (figures/late.py S_GROUP_SASS, KERNEL_SASS): recounted here, with NVRTC 13.0 (as LOOP_SASS)."""
+def test_uniform_warp_s_group_counts_match_its_figure(compiled):
+    """The uniform warp index's figure (rung 14's page) quotes the SASS of one S group and the kernel's R2UR and
+    size, in the rungs it names (figures/late.py S_GROUP_SASS, KERNEL_SASS: rung 14 and the rung below it):
+    recounted here, with NVRTC 13.0 (as LOOP_SASS)."""
     from collections import Counter
 
     from attnclimb.figures.late import KERNEL_SASS, S_GROUP_SASS
@@ -640,26 +658,61 @@ def test_rung17_s_group_counts_match_its_figure(compiled):
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-def test_rung19_epilogue_counts_match_its_figure(compiled):
-    """Rung 19's figure quotes the epilogue's memory instructions per thread (figures/late.py EPILOGUE_SASS): rung
-    18 stores O as 32 four-byte STG.E and nothing wider; rung 19 stages it with 8 stmatrix.x4 and stores it as 8
-    STG.E.128 (its 4-byte fallback for unaligned O is a second copy of the row loop: 32 STG.E, and the row loads
-    appear once per copy)."""
+def test_staged_epilogue_counts_match_its_figure(compiled):
+    """The staged epilogue's figure (rung 10's page) quotes the epilogue's memory instructions per thread of the
+    rungs it names (figures/late.py EPILOGUE_SASS: the rung below the staged epilogue and the first rung with it):
+    the first stores O as 32 four-byte STG.E and nothing wider; the second stages it with 8 stmatrix.x4 and stores
+    it as 8 STG.E.128 (its 4-byte fallback for unaligned O is a second copy of the row loop: 32 STG.E, and the row
+    loads appear once per copy)."""
     from collections import Counter
 
     from attnclimb.figures.late import EPILOGUE_SASS
 
+    before, after = sorted(EPILOGUE_SASS)
     ops = {
         n: Counter(
             m[2] + m[3].split(" ")[0]
             for ln in sass(compiled[rungs.get(n).key].cubin).splitlines()
             if (m := _INSN.match(ln))
         )
-        for n in (18, 19)
+        for n in (before, after)
     }
-    assert ops[18]["STG.E"] == EPILOGUE_SASS[18]["STG.E"] and not ops[18]["STG.E.128"] and not ops[18]["STSM.16.M88.4"]
-    want = EPILOGUE_SASS[19]
-    assert ops[19]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[19]
-    assert ops[19]["STG.E.128"] == want["STG.E.128"], ops[19]
-    assert ops[19]["LDS.128"] >= want["LDS.128"], ops[19]
-    assert ops[19]["STG.E"] == EPILOGUE_SASS[18]["STG.E"], ops[19]  # the fallback copy only
+    assert ops[before]["STG.E"] == EPILOGUE_SASS[before]["STG.E"]
+    assert not ops[before]["STG.E.128"] and not ops[before]["STSM.16.M88.4"]
+    want = EPILOGUE_SASS[after]
+    assert ops[after]["STSM.16.M88.4"] == want["STSM.16.M88.4"], ops[after]
+    assert ops[after]["STG.E.128"] == want["STG.E.128"], ops[after]
+    assert ops[after]["LDS.128"] >= want["LDS.128"], ops[after]
+    assert ops[after]["STG.E"] == EPILOGUE_SASS[before]["STG.E"], ops[after]  # the fallback copy only
+
+
+LATE_RUNGS = [r.key for r in rungs.RUNGS if r.number >= 9]
+
+
+def test_the_ladder_from_rung_10_is_persistent_staged_and_turns_last():
+    """The re-cut's order (rungs.py): the persistent grid and the epilogue through shared memory from rung 10 to
+    the top (rung 9 has neither); the ping-pong turns (BAR in sass_required, named barriers in the source, the
+    WAIT_TURN trace phase) on the top rung alone, the last idea of the ladder."""
+    top = rungs.TOP.number
+    assert [r.number for r in rungs.RUNGS if r.persistent] == list(range(10, top + 1))
+    assert [r.number for r in rungs.RUNGS if r.smem_layout == "tma_ring_staged_o"] == list(range(10, top + 1))
+    assert [r.number for r in rungs.RUNGS if "BAR" in r.sass_required] == [top]
+    for r in rungs.RUNGS:
+        src = r.source.read_text()
+        turns = r.number == top
+        assert ("named_bar_sync(" in src) == turns and ("named_bar_arrive(" in src) == turns, r.key
+        assert ("TRACE_BEGIN(WAIT_TURN)" in src) == turns, r.key
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("key", LATE_RUNGS)
+def test_staged_epilogue_and_turns_in_the_machine_code(compiled, key):
+    """Rungs 10 to the top stage O with stmatrix and store it with 16-byte STG.E.128 (rung 9 stores it directly);
+    only the top rung has the turns' named barriers in SASS (BAR.SYNC / BAR.ARV over both consumer warpgroups'
+    256 threads, 0x100): rungs 9-15 have none."""
+    r = rungs.BY_NUMBER[int(key[4:])]
+    text = sass(compiled[key].cubin)
+    staged = r.number >= 10
+    assert bool(re.search(r"\bSTSM\b", text)) == staged and ("STG.E.128" in text) == staged, key
+    turns = re.compile(r"\bBAR\.(?:SYNC\.DEFER_BLOCKING|ARV) [^;]*, 0x100\b")
+    assert any(turns.search(ln) for ln in text.splitlines()) == (r.number == rungs.TOP.number), key

@@ -116,9 +116,9 @@ def test_each_reason(hopper, case, key):
     mode = FakeTensorMode()
     with mode:
         q, k, v = (torch.empty(*shapes[n], dtype=dtype[n], device="cuda") for n in "qkv")
-    if key in ("is_causal", "gqa") or case == "fp16":  # the top rung has these variants; the rungs below do not
+    if key in ("is_causal", "gqa") or case == "fp16":  # rungs 10 and up have these variants; the rungs below do not
         assert support.unsupported_reason(q, k, v, **kw) is None
-        kw["features"] = support.FEATURES_BY_RUNG[11]
+        kw["features"] = support.FEATURES_BY_RUNG[9]
     why = support.unsupported_reason(q, k, v, **kw)
     assert why is not None and why.key == key, why
     assert why.exc in (TypeError, ValueError) and why.message
@@ -162,7 +162,7 @@ def test_valid_signature_cache(hopper, monkeypatch):
     assert support.unsupported_reason(q, _t(1, 2, 8, 128), k).key == "device"
     assert support.unsupported_reason(q, k, k, attn_mask=k).key == "attn_mask"
     assert support.unsupported_reason(q, k, k, dropout_p=0.1).key == "dropout"
-    assert support.unsupported_reason(q, k, k, return_lse=True, features=support.FEATURES_BY_RUNG[11]).key == (
+    assert support.unsupported_reason(q, k, k, return_lse=True, features=support.FEATURES_BY_RUNG[9]).key == (
         "return_lse"
     )
     assert len(support._VALID) == 1  # none of them was remembered
@@ -225,22 +225,22 @@ def test_features_per_rung_come_from_the_rung(hopper):
     for r in rungs.RUNGS:
         f = support.FEATURES_BY_RUNG[r.number]
         assert (f.causal, f.gqa, f.lse) == tuple(x in r.features for x in ("causal", "gqa", "lse"))
-        # fp16 is the FP16 variant of rungs 12-14 ("fp16" in their features); every other rung is bf16 only
+        # fp16 is the FP16 variant of rungs 10-16 ("fp16" in their features); every other rung is bf16 only
         assert f.dtypes == (support.BASE.dtypes | {torch.float16} if "fp16" in r.features else support.BASE.dtypes)
-        assert ("fp16" in r.features) == (r.number >= 12)
+        assert ("fp16" in r.features) == (r.number >= 10)
         assert f.head_dims == {r.head_dim, *r.head_dims}  # 128 everywhere; the top rung adds its variants
     _, (q, k, k1) = _fake_cuda((2, 8, 16, 128), (2, 2, 24, 128), (2, 1, 24, 128))
-    low = support.FEATURES_BY_RUNG[10]
+    low = support.FEATURES_BY_RUNG[9]
     for kv in (k, k1):  # GQA 8/2 and MQA 8/1, causal and not, with the LSE: all the top rung's
         for causal in (False, True):
             assert support.unsupported_reason(q, kv, kv, is_causal=causal, enable_gqa=True, return_lse=True) is None
     why = support.unsupported_reason(q, q, q, is_causal=True, features=low)
-    assert why.key == "is_causal" and "rung 10 (pingpong)" in why.message
+    assert why.key == "is_causal" and "rung 9 (softmax_overlap)" in why.message
     have = ", ".join(str(r.number) for r in rungs.RUNGS if "causal" in r.features)
-    assert have.startswith("12, 13") and have.endswith(str(top.number))
+    assert have.startswith("10, 11") and have.endswith(str(top.number))
     assert f"rungs {have} have it" in why.message
     why = support.unsupported_reason(q, k, k, enable_gqa=True, features=low)
-    assert why.key == "gqa" and "8 query heads, 2 key/value heads" in why.message and "rung 10" in why.message
+    assert why.key == "gqa" and "8 query heads, 2 key/value heads" in why.message and "rung 9" in why.message
     assert support.unsupported_reason(q, q, q, features=low, return_lse=True).key == "return_lse"
     # fewer K/V heads without enable_gqa, or not a divisor, or K and V differing: torch's SDPA decides
     _, (k3, v4) = _fake_cuda((2, 3, 24, 128), (2, 4, 24, 128))
@@ -693,7 +693,7 @@ def test_tensor_map_cache_keys_on_dtype(monkeypatch):
     v16, strided = launch._checked_variant(top, half, half, half, half.clone(), False, None)
     assert v16.defines()["FP16"] == 1 and not strided
     with pytest.raises(ValueError, match="fp16"):
-        launch._checked_variant(rungs.get(11), half, half, half, half.clone(), False, None)
+        launch._checked_variant(rungs.get(9), half, half, half, half.clone(), False, None)
 
 
 def test_tensor_map_l2_promotion(monkeypatch):
@@ -936,9 +936,9 @@ def test_forward_splits_into_contiguous_launches(monkeypatch, shape, rung, launc
     assert out.is_contiguous() and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("rung", [14, 13, 12, 9])
+@pytest.mark.parametrize("rung", [16, 13, 10, 9])
 def test_forward_reads_tma_layouts_in_place_on_strided_rungs(monkeypatch, rung):
-    """One launch on a rung with the "strided" feature (rungs 12-14): a BSHD view and a fused-QKV slice
+    """One launch on a rung with the "strided" feature (rungs 10-16): a BSHD view and a fused-QKV slice
     reach the kernel as they are (no copy), an unaligned one is copied; other rungs get contiguous copies."""
     import contextlib
 

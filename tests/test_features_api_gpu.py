@@ -89,7 +89,7 @@ def test_lse_of_no_keys_is_minus_inf():
     assert (o == 0).all() and (lse == -math.inf).all()
 
 
-@pytest.mark.parametrize("number", [0, 5, 11])
+@pytest.mark.parametrize("number", [0, 5, 9])
 def test_lower_rungs_refuse(number):
     q, k, v = _qkv(1, 4, 2, 64, 64)
     with pytest.raises(ValueError, match=f"rung {number}"):

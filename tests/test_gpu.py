@@ -100,7 +100,7 @@ SHAPES = [
     (1, 1, 64, 65),
     (1, 1, 200, 176),
     (1, 1, 177, 353),
-    # More work tiles than SMs, so that each CTA of a persistent rung (11+) walks several: ragged tails,
+    # More work tiles than SMs, so that each CTA of a persistent rung (10+) walks several: ragged tails,
     # one K/V tile per work tile, and a long row of them.
     (4, 40, 1000, 300),
     (3, 64, 129, 1),

@@ -1,10 +1,12 @@
-"""Rung 14's lazy rescale on the CPU: the float32 model of its softmax (``attention_tiled(kernel_fp32=True,
+"""Rung 12's lazy rescale on the CPU: the float32 model of its softmax (``attention_tiled(kernel_fp32=True,
 rescale_threshold=8.0)``, ``attnclimb/reference.py``) against float64, at the edges of the rule, and the
-kernel's constant against the model's.
+kernels' constant against the model's (rungs 12-16 carry the rule).
 
-The rule (``14_lazy_rescale.cu``): a row keeps its reference (its running max m) while the new max's P
+The rule (``12_lazy_rescale.cu``): a row keeps its reference (its running max m) while the new max's P
 against it, ``2^((m_new − m)·c + err)``, is at most ``2^RESCALE_THRESHOLD``; only then is alpha exactly 1
-and the O rescale skipped.
+and the O rescale skipped. Rung 12 rounds each quad thread's column-max P in l (``round_top_p="thread"``); the
+tile-max model (``round_top_p=True``) and the one without any rounding in l are old rung 14's (the lazy rescale
+alone, measured before the re-cut merged it with the kept-reference path), kept as models to compare with.
 """
 
 import math
@@ -32,13 +34,17 @@ TAU = RESCALE_THRESHOLD
 F16 = torch.float16
 
 
-def test_kernel_threshold_is_the_models():
-    """The kernel's RESCALE_THRESHOLD is the model's (reference.RESCALE_THRESHOLD, 8), and rung 14 is the rung
-    with it."""
-    src = rungs.get(14).source.read_text()
+LAZY_NUMBERS = range(12, rungs.TOP.number + 1)  # the lazy rescale's rung (12) and every rung above it
+
+
+@pytest.mark.parametrize("number", LAZY_NUMBERS)
+def test_kernel_threshold_is_the_models(number):
+    """The kernels' RESCALE_THRESHOLD is the model's (reference.RESCALE_THRESHOLD, 8) on rung 12 and every rung
+    above it, and rung 11 (the rung below the lazy rescale) has none."""
+    src = rungs.get(number).source.read_text()
     m = re.search(r"#define RESCALE_THRESHOLD ([0-9.]+)f", src)
     assert m and float(m[1]) == TAU == 8.0
-    assert "RESCALE_THRESHOLD" not in rungs.get(13).source.read_text()
+    assert "RESCALE_THRESHOLD" not in rungs.get(11).source.read_text()
 
 
 def _rising_tiles(step_log2, tiles=8, block_n=128, seqlen_q=16, seed=0):
@@ -172,17 +178,18 @@ def test_lazy_model_threshold_bounds_p():
     p=st.integers(0, 121),
     scale=st.sampled_from([1.0, 1 / math.sqrt(128), 0.3, 7.5, 1e-30, 0.0]),
     ties=st.booleans(),
-    block_n=st.sampled_from([64, 128, 176]),
+    block_n=st.sampled_from([64, 80, 128]),
     seed=st.integers(0, 2**31 - 1),
 )
 @example(p=119, scale=7.5, ties=False, block_n=64, seed=0)  # every LSE overflows (scale·s past fp32)
 def test_lazy_model_any_magnitude(p, scale, ties, block_n, seed):
     """Scores from 0 to the fp32 limit, both signs, soft and hard rows, ties, tiny scales and scale 0 (raised
-    to FLT_MIN): rung 14's model (lazy rule, l fix) is as exact as the eager one, and its LSE agrees with the
-    eager model's."""
+    to FLT_MIN), on the rungs' K/V tiles (64 keys at head_dim 256, 80 in the long-K/V tiles, 128): rung 12's model
+    (lazy rule, each thread's column-max P rounded in l) is as exact as the eager one, and its LSE agrees with
+    the eager model's."""
     q, k, v = far_offset_inputs(1, 4, 600, p, scale, ties=ties, generator=torch.Generator().manual_seed(seed))
     out, lse = attention_tiled(
-        q, k, v, scale, block_n=block_n, kernel_fp32=True, rescale_threshold=TAU, round_top_p=True, return_lse=True
+        q, k, v, scale, block_n=block_n, kernel_fp32=True, rescale_threshold=TAU, round_top_p="thread", return_lse=True
     )
     _, eager_lse = attention_tiled(q, k, v, scale, block_n=block_n, kernel_fp32=True, return_lse=True)
     assert torch.isfinite(out).all()
@@ -196,15 +203,15 @@ def test_lazy_model_any_magnitude(p, scale, ties, block_n, seed):
 
 @pytest.mark.parametrize("log2_mc", [25, 27, 29])
 def test_lazy_fp16_model_rising_keys(log2_mc):
-    """The FP16 variant's shift k with the lazy rule (rung 14 carries both): keys in rising order near
-    2^log2_mc, 176-key tiles; no zero row, O within fp16's tolerance, LSE within 0.75 fp32 ulp, as for the
+    """The FP16 variant's shift k with the lazy rule (rungs 12-16 carry both): keys in rising order near
+    2^log2_mc, 128-key tiles; no zero row, O within fp16's tolerance, LSE within 0.75 fp32 ulp, as for the
     eager model (tests/test_reference_cpu.py)."""
     from test_reference_cpu import _fp16_rising_inputs
 
     q, k, v, scale = _fp16_rising_inputs(log2_mc)
     ref = attention_exact(q, k, v, scale)
     out, lse = attention_tiled(
-        q, k, v, scale, block_n=176, kernel_fp32=True, p_dtype=F16, return_lse=True, rescale_threshold=TAU
+        q, k, v, scale, block_n=128, kernel_fp32=True, p_dtype=F16, return_lse=True, rescale_threshold=TAU
     )
     assert rel_l2(out, ref) < 1e-3
     assert bool((out.double().abs().amax(-1) > 0).all())
@@ -221,12 +228,12 @@ def test_rescale_threshold_needs_the_kernel_model():
 
 @pytest.mark.parametrize("step", [0.3, 2.7, 5.3, 7.9])
 def test_lazy_model_dominant_key_rounding(step):
-    """Where the lazy rescale without the l fix (rung 14 as first landed) is less exact than rung 13 (found in
-    review): a row dominated by one key whose
+    """Where the lazy rescale without the l fix (old rung 14 as first landed) is less exact than the eager
+    rescale (rung 11; found in review): a row dominated by one key whose
     score rose by ``step`` (log2 units) over a kept reference has P = 2^step for it, which bf16 rounds (up to
-    2^-8 relative), while l sums the unrounded P; rung 13 would have moved the reference and given that key
+    2^-8 relative), while l sums the unrounded P; rung 11 would have moved the reference and given that key
     P = 1, exact in bf16. The cost is bounded by bf16's unit roundoff, and after O's own rounding to bf16 (what
-    the kernel writes) it is under twice rung 13's error on the same rows and under 2^-8. The test pins both
+    the kernel writes) it is under twice rung 11's error on the same rows and under 2^-8. The test pins both
     facts: the eager model is more exact here, and the lazy one stays within those bounds."""
     q, k, v = _two_keys(step, rising=True)  # the first max in tile 0, the dominant key step above it in tile 1
     ref = attention_exact(q, k, v, 1.0)
@@ -238,7 +245,7 @@ def test_lazy_model_dominant_key_rounding(step):
 
 def test_lazy_max_edges():
     """The rule itself at its edges: with err = 0 a scale of 0 (raised to FLT_MIN) would keep even the initial
-    −FLT_MAX "max" (c·FLT_MAX ≈ 5.8), 1e-30 would not; rung 14 starts err at +inf, which keeps nothing; an
+    −FLT_MAX "max" (c·FLT_MAX ≈ 5.8), 1e-30 would not; rung 12 starts err at +inf, which keeps nothing; an
     infinite new max or one 2^32 units above is never kept; hard rows (|m·c| >= 2^29: neighbouring fp32 maxima
     >= 32 units of s·c apart) never keep theirs."""
     f32 = torch.float32
@@ -261,11 +268,11 @@ def test_lazy_max_edges():
 def test_lazy_model_scale_zero_is_the_eager_one(scale):
     """Scale 0 (FLT_MIN) and a subnormal scale: the first tile takes its own max (err starts at +inf), every P
     is 1 and the lazy model equals the eager one bit for bit; keeping the initial −FLT_MAX reference (err
-    starting at 0, rung 14 before the fix) gives every P the same rounded 2^5.77, a common error of ~1e-3."""
+    starting at 0, old rung 14 before the fix) gives every P the same rounded 2^5.77, a common error of ~1e-3."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 300, 128, generator=g).bfloat16() for _ in range(3))
-    kw = {"block_n": 176, "kernel_fp32": True}
-    lazy = attention_tiled(q, k, v, scale, rescale_threshold=TAU, round_top_p=True, **kw)
+    kw = {"block_n": 128, "kernel_fp32": True}
+    lazy = attention_tiled(q, k, v, scale, rescale_threshold=TAU, round_top_p="thread", **kw)
     assert torch.equal(lazy, attention_tiled(q, k, v, scale, **kw))
     mean = v.double().mean(dim=2, keepdim=True).expand_as(lazy)
     assert rel_l2(lazy, mean) < 1e-5
@@ -286,13 +293,13 @@ def _two_keys(step, rising, seed=1):
 
 
 @pytest.mark.parametrize("step", [0.3, 2.7, 5.3, 7.9])
-def test_round_top_p_restores_rung13s_exactness(step):
-    """Rung 14's l fix (round_top_p in the model; rung 14 as first landed is make_variants.py's nolfix): l
-    counts each tile max's P rounded, as P·V does. On rows whose dominant key rose over a kept reference
-    (without the fix: 0.7-1.9e-3) the error falls to the bf16 rounding of the weight of the key that does not
-    dominate, as in rung 13 when the same keys come in falling order: with one key dominating (steps 5.3, 7.9) below a
-    tenth of the lazy error (measured 7.5e-5 and 4.5e-6), with two comparable keys (0.3, 2.7) below
-    2^-8 / 4 (5.8e-4, 3.3e-4). On random inputs it changes nothing beyond 1 %."""
+def test_round_top_p_restores_the_eager_exactness(step):
+    """Old rung 14's l fix (round_top_p in the model; old rung 14 as first landed was make_variants.py's nolfix
+    at 8cedb83): l counts each tile max's P rounded, as P·V does. On rows whose dominant key rose over a kept
+    reference (without the fix: 0.7-1.9e-3) the error falls to the bf16 rounding of the weight of the key that
+    does not dominate, as in the eager rescale (rung 11) when the same keys come in falling order: with one key
+    dominating (steps 5.3, 7.9) below a tenth of the lazy error (measured 7.5e-5 and 4.5e-6), with two
+    comparable keys (0.3, 2.7) below 2^-8 / 4 (5.8e-4, 3.3e-4). On random inputs it changes nothing beyond 1 %."""
     ref_of = {}
     for rising in (True, False):
         q, k, v = _two_keys(step, rising)
@@ -304,13 +311,13 @@ def test_round_top_p_restores_rung13s_exactness(step):
     qf, kf, vf, reff = ref_of[False]
     eager_falling = rel_l2(attention_tiled(qf, kf, vf, 1.0, block_n=128, kernel_fp32=True), reff)
     assert lazy > 5e-4 and fixed <= lazy and fixed < 2**-8 / 4  # bf16 rounding of a weight w: <= 2^-8·w(1−w)
-    if step >= 5:  # one key dominates (w -> 1): its rounding cancels in O / l, as in rung 13
+    if step >= 5:  # one key dominates (w -> 1): its rounding cancels in O / l, as in rung 11
         assert fixed < lazy / 10 and fixed < 10 * eager_falling + 1e-5
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 4, n, 128, generator=g).bfloat16() for n in (128, 2048, 2048))
     ref = attention_exact(q, k, v, 1 / math.sqrt(128))
-    base = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), **{**kw, "block_n": 176}), ref)
-    fix = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), round_top_p=True, **{**kw, "block_n": 176}), ref)
+    base = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), **kw), ref)
+    fix = rel_l2(attention_tiled(q, k, v, 1 / math.sqrt(128), round_top_p=True, **kw), ref)
     assert abs(fix - base) < 0.01 * base
     # the LSE takes the sum without the fix's roundings (the kernel's l_fix): equal with and without it
     q, k, v = _two_keys(step, rising=True)
@@ -330,8 +337,8 @@ def _tied_keys(step, ties, seed=1):
 @pytest.mark.parametrize("ties", [2, 4, 8])
 def test_tied_maxima_need_every_p_rounded(step, ties):
     """Found in review: the l fix rounds one P per row and tile, so ``ties`` equal keys risen over a kept
-    reference keep (ties − 1)/ties of the lazy rounding (measured 3.5e-4 to 1.7e-3, where rung 13's model has
-    < 1e-6). Summing every P rounded (``round_all_p``, the ``lround`` variant) gives one set of weights to
+    reference keep (ties − 1)/ties of the lazy rounding (measured 3.5e-4 to 1.7e-3, where the eager model has
+    < 1e-6). Summing every P rounded (``round_all_p``, old rung 14's ``lround`` variant) gives one set of weights to
     P·V and l: under 1e-4, a tenth of the l fix's error at least. The LSE is unchanged by either."""
     q, k, v = _tied_keys(step, ties)
     ref = attention_exact(q, k, v, 1.0)
@@ -343,7 +350,7 @@ def test_tied_maxima_need_every_p_rounded(step, ties):
 
 
 def _kept_rows(scale, shift, seed=5, n=20000):
-    """Rows that just took a new reference (rung 15's slow path): their float32 max m, err (``shift``: the fp16
+    """Rows that just took a new reference (rung 12's slow path): their float32 max m, err (``shift``: the fp16
     variant's err − k) and c, with |m·c| spread over 2^-10 .. 2^31 (soft rows and hard ones), both signs."""
     g = torch.Generator().manual_seed(seed)
     c = torch.tensor(scale * LOG2E, dtype=torch.float32)
@@ -359,7 +366,7 @@ def _kept_rows(scale, shift, seed=5, n=20000):
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 1 / math.sqrt(128), 1e-3])
 def test_kept_limit_bounds_p(scale, shift):
-    """Rung 15's fast path lets a score s through while s <= the row's limit (``kept_limit_fp32``, the kernel's
+    """Rung 12's fast path lets a score s through while s <= the row's limit (``kept_limit_fp32``, the kernel's
     fma.rm): the largest such score has P = 2^((s − m)·c + err) <= 2^(8 + 1e-5) in exact arithmetic, on soft rows
     of every magnitude (where one float32 step of s is up to 64 units of s·c) and in the fp16 variant; on hard
     rows the limit is m itself. The same limit rounded to nearest lets P reach 2^31 (bf16 rows, err down to −64;
@@ -378,8 +385,9 @@ def test_kept_limit_bounds_p(scale, shift):
     assert ((nearest.double() - m.double()) * c.double() + err.double()).max().item() > TAU + (2 if shift else 16)
 
 
-def test_kernel_rounds_the_limit_down():
-    """The kernel computes the limit as the model does: fma rounded down, on the slow path's new reference."""
-    src = rungs.get(15).source.read_text()
+@pytest.mark.parametrize("number", LAZY_NUMBERS)
+def test_kernel_rounds_the_limit_down(number):
+    """Rungs 12-16 compute the limit as the model does: fma rounded down, on the slow path's new reference."""
+    src = rungs.get(number).source.read_text()
     assert "row_limit[r] = __fmaf_rd(RESCALE_THRESHOLD - rs.err, inv_scale_log2, m_new);" in src
     assert "inv_scale_log2 = 1.f / scale_log2" in src

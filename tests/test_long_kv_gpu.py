@@ -75,7 +75,8 @@ def test_long_kv_failed_votes_match_float64(case, dtype, negative, gqa_strided):
     do): O and the LSE against float64, NaN-poisoned outputs; a negative scale (the S wgmmas negate Q), fp16,
     GQA and BSHD views on that path too. (The other long-K/V tests use randn at 1/sqrt(128), where no vote fails
     after the first tile. In the twelfth session these inputs also ran the in-place exponentials with S
-    computed again from shared memory, tried on rung 19 and not kept: its page.)"""
+    computed again from shared memory, tried on old rung 19, the top rung before the re-cut, and not kept: its
+    page, docs/history/before-recut/19-smem-epilogue.md.)"""
     sk = LONG + 1001
     q, k, v, scale = _long_kv_failing_inputs(case, sk, dtype)
     q, k, v = (t.to(dtype).cuda() for t in (q, k, v))

@@ -244,13 +244,13 @@ def test_decoded_trace_draws(tmp_path):
         (0, 1): (1, [(1100, 1500, 0x0100), (1500, 2000, 0x0001), (2000, 2600, 0x0002), (2600, 3000, 0x0003)], 4),
         (0, 2): (1, [(1100, 1600, 0x0100), (1600, 2100, 0x0800), (2100, 2500, 0x0001), (2500, 2600, 0x0004)], 4),
     }
-    doc = trace.decode(_encode(layout, slots), layout, rung=10, meta={"name": "pingpong"})
+    doc = trace.decode(_encode(layout, slots), layout, rung=16, meta={"name": "pingpong"})  # turns: the top rung
     paths = trace.write_outputs(doc, tmp_path)
-    assert [p.name for p in paths] == ["rung10.json", "rung10.svg", "rung10.png"]
+    assert [p.name for p in paths] == ["rung16.json", "rung16.svg", "rung16.png"]
     assert json.loads(paths[0].read_text()) == doc
     svg = paths[1].read_text()
     assert "CTA 0, SM 1 · WG 0 (producer)" in svg and "WG 2 (consumer)" in svg
-    assert "TMA issue" in svg and "Rung 10 (pingpong): measured phases per warpgroup" in svg
+    assert "TMA issue" in svg and "Rung 16 (pingpong): measured phases per warpgroup" in svg
 
 
 # ------------------------------------------------------------------------------------------ the command

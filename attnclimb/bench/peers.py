@@ -117,7 +117,7 @@ class RungImpl(Impl):
 
     def skip_reason(self, shape) -> str | None:
         """:meth:`Impl.skip_reason`, and the feature columns (issue 8) only on the top rung: a lower rung with
-        the same variants (rung 12 under rung 13) would double their compiles and timing for no new column."""
+        the same variants (rung 15 under rung 16) would double their compiles and timing for no new column."""
         from attnclimb.rungs import TOP
 
         if getattr(shape, "group", "main") != "main" and self.features and self.number != TOP.number:
