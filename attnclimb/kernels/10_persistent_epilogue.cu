@@ -25,7 +25,7 @@
 // "stmatrix"; CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory".
 //
 //   producer:   Q0 K0 V0 K1 V1 ... K7 V7 │ Q1 (after q_empty) K0' V0' K1' ...
-//   consumers:  ·· tile 0 ···················· S7 ─► last P·V, O → smem → whole lines │ tile 1 (Q1, K0' ready)
+//   consumers:  ·· tile 0 ············· S7 ─► last P·V, O → smem → lines │ tile 1 (Q1, K0' ready)
 //
 // Everything else (producer and K/V ring, the intra-warpgroup overlap of softmax and P·V) is rung 9's.
 
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    [[maybe_unused]] const int g = lane / 4, t = lane % 4;   // g: causal masks, LSE and head_dim-256 stores
+    [[maybe_unused]] const int g = lane / 4, t = lane % 4;  // g: causal masks, LSE and head_dim-256 stores
     TRACE_INIT();
 
     // The k-th work tile of CTA c is tile_of(c + k·gridDim.x); the CTA is done at the first one >= num_tiles.
@@ -332,7 +332,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)  // the register ca
     // issues them for its 64 rows.
     const int wg = cw / 4;  // consumer warpgroup 0 or 1
     const uint32_t q_rows = smem_addr(s_q) + wg * WARPGROUP_ROWS * ROW_BYTES;
-
 
     // A negative scale: softmax(scale·S) = softmax(|scale|·(−S)), so the S wgmmas negate Q on the fly
     // (imm-scale-a = −1, exact) and the max of the raw scores below is the max of the scaled ones. A zero
