@@ -5,8 +5,8 @@
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the top rung's feature
 #                                           and fp16 variants and on every rung from 10 to the top, plain; the top
 #                                           three rungs causal
-#   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature and fp16 variants of the
-#                                           rung below the top
+#   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets
+#                                           of the rungs below the top that have them (10-15; long K/V 12-15)
 #   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers)
 #   bash scripts/device_calls.sh peers      carry .peers/q4:  install FA4, A/B of the top three rungs and
 #                                           AB_VARIANTS, with FA4 in the same run, ncu of the top rung and FA4,
@@ -69,8 +69,12 @@ case "${1:-}" in
   stage)   # stage q3 (carry .peers/q3): one part of FA4's wheels into /tmp/fa4, nothing else
     mkdir -p /tmp/fa4 && cp ".peers/${2:?stage which part, e.g. q3}"/* /tmp/fa4/ && ls /tmp/fa4
     ;;
-  sanitize-below)   # (no carry) compute-sanitizer on the feature and fp16 variants of the rung below the top
-    bash scripts/device_job.sh sanitize "features $((TOP - 1))" sanitize "fp16 $((TOP - 1))"
+  sanitize-below)   # (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets of the rungs below the top
+                    # that have them (rungs 10-15 since the re-cut: features without the turns; 12-15 with
+                    # three consumer warpgroups at head_dim 64 and on the long-K/V tiles)
+    below=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(*[r.number for r in rungs.RUNGS if r.features and r is not rungs.TOP])")
+    long=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(*[r.number for r in rungs.RUNGS if r.long_kv and r is not rungs.TOP])")
+    bash scripts/device_job.sh sanitize "features $below" sanitize "fp16 $below" sanitize "long $long"
     ;;
   peers)
     install_fa4 "the A/B and the bench run without it"

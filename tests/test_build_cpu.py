@@ -239,6 +239,38 @@ def test_top_rung_feature_variants_compile(causal, gqa, lse, strided, seqlen_k):
             assert re.search(rf"\b{mnemonic}\b", text)
 
 
+# (causal, gqa, lse, strided, head_dim, long-K/V tiles): the bf16 builds of the rungs below the top that
+# tests/test_ladder_features_gpu.py runs (rungs 12-15 take three consumer warpgroups, without turns, at head_dim 64
+# and with the long-K/V tiles)
+BELOW_TOP_CASES = [(1, 1, 1, 1, 128, False), (1, 0, 1, 0, 64, False), (1, 0, 0, 0, 256, False), (0, 1, 1, 1, 128, True)]
+
+
+@pytest.mark.parametrize("case", BELOW_TOP_CASES, ids=lambda c: "".join(map(str, c[:4])) + f"-d{c[4]}-long{int(c[5])}")
+@pytest.mark.parametrize("number", [r.number for r in rungs.RUNGS if r.features and r is not rungs.TOP])
+def test_below_top_feature_variants_compile(number, case):
+    """The bf16 feature variants of rungs 10-15 (the re-cut's rungs without turns) build for sm_90a without
+    spills, local memory or serialized wgmmas, inside the setmaxnreg pool and the shared-memory limit."""
+    import dataclasses
+
+    from attnclimb.runtime.launch import feature_variant
+
+    causal, gqa, lse, strided, head_dim, long_kv = case
+    rung = rungs.get(number)
+    if long_kv:
+        if rung.long_kv is None:
+            pytest.skip(f"{rung.key} has no long-K/V tiles")
+        rung = dataclasses.replace(rung, **rung.long_kv[1])
+    r = feature_variant(rung, bool(causal), bool(gqa), bool(lse), bool(strided), head_dim)
+    c = compile_rung(r, "sm_90a")
+    for res in c.resources:
+        assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
+        assert res.registers == launch_regs(r.threads)
+        assert r.smem_bytes + res.static_smem <= 227 * 1024
+    assert SERIALIZED_WGMMA not in c.log, c.log
+    if find_cuobjdump() is not None:
+        assert not re.search(r"\b(LDL|STL)\b", sass(c.cubin))
+
+
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 def test_feature_switches_off_leave_the_top_rung_unchanged(compiled):
     """CAUSAL=GQA=WRITE_LSE=STRIDED=FP16=0 spelled out compiles to the very machine code of the plain top rung
