@@ -7,7 +7,7 @@
 // to overlap them); with few K/V tiles per CTA (1k keys: 8; the Wan text cross-attention, 512 keys: 4)
 // that is a large share of its time. Here the host launches min(#tiles, #SMs) CTAs and each walks tiles
 // blockIdx.x, blockIdx.x + gridDim.x, ...: the producer keeps the K/V ring running straight into the next
-// tile and loads the next tile's Q as soon as both consumer warpgroups have issued their last S = Q·Kᵀ of
+// tile and loads the next tile's Q as soon as both consumer warpgroups have completed their last S = Q·Kᵀ of
 // the current one (mbarrier q_empty), so Q, the first K/V tiles, the last P·V and the epilogue overlap.
 // Consecutive CTAs take consecutive m-blocks of one head, which keeps that head's K/V in L2.
 // The epilogue: rung 9 writes O straight from the wgmma accumulators, one bf16 pair (4 bytes) per store,

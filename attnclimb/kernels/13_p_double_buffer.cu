@@ -8,7 +8,7 @@
 // inside the softmax, interleaved with its exponentials (MUFU-bound, so the F2FPs fill idle issue slots),
 // and after the P·V wait only the rare O rescale is left. The second buffer costs BLOCK_N / 4 registers
 // (32 at 128-key tiles). Where it does not fit (three consumer warpgroups at 160 registers: head_dim 64 and
-// the long-K/V tiles) P_DOUBLE_BUFFER is 0 and the kernel is rung 12's. In the fp16 build with every
+// the long-K/V tiles) P_DOUBLE_BUFFER is 0 and the kernel does rung 12's work. In the fp16 build with every
 // feature the staging rows' address is made opaque where the epilogue takes it (below), or ptxas keeps it
 // live from the prologue and spills.
 // Sources: FlashAttention-3 Sec. 3.2 (the intra-warpgroup pipeline whose critical path this shortens);

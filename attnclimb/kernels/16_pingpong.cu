@@ -9,8 +9,8 @@
 // arrives once on warpgroup 0's barrier before the first tile, so that warpgroup 0 goes first, and skips its
 // very last arrival, so that every barrier completes as often as it is waited on; the turns continue across
 // the persistent grid's work tiles. With three consumer warpgroups the turns go round a ring 0 → 1 → 2, and
-// only with the turns do the three-warpgroup tiles (192 × 80) pay at 8k keys and more: this rung takes them
-// from 6 144 keys (rungs 12–15 from 32 000).
+// below 32 000 keys (at 8k and 16k) the three-warpgroup tiles (192 × 80) pay only with the turns: this rung
+// takes them from 6 144 keys (rungs 12–15 from 32 000).
 // Sources: FlashAttention-3 (Shah et al., 2024) Sec. 3.1 ("pingpong scheduling" of warpgroups with
 // barriers); PTX ISA "bar, barrier" (bar.sync / bar.arrive with a thread count).
 //
