@@ -29,6 +29,7 @@
 #                                           reductions in four chains per row; wgarrive18, vfirst18, sonlytop,
 #                                           nopptop, hint, hintq), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
+#   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # The modes that timed the rungs the re-cut removed or renumbered (ab-17, ab-18, ab-18b, ab-wg3, ab-short, ab-exp2,
 # ladder-nopp, d64-ncu, d64-fa4, ab-swap, ab-10, ab-epi11, recut, recut-first, recut-last) are in git at 8cedb83, with
 # scripts/make_recut.sh and the variants they used; their A/B files under benchmarks/ab name the old rung numbers.
@@ -158,6 +159,11 @@ case "${1:-}" in
     PYTHONPATH=. python3 -c "import json,sys; from attnclimb.bench.dropin import run_bshd_view
 json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
       python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
+    ;;
+  ladder)   # (no carry, ~3-4 min) every step of issue 13's ladder in one process: rungs 9 to the top at the headline
+            # shapes and Wan2.1-1.3B, 4 rounds (LADDER_ROUNDS), cuDNN beside them, the error table with every rung
+    PYTHONPATH=. python3 scripts/ab_rungs.py --rungs "$(seq -s , 9 "$TOP")" --rounds "${LADDER_ROUNDS:-4}" \
+      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder.json" 2>&1 | tail -30
     ;;
   *) sed -n '2,/^set -uo/p' "$0" | grep '^#'; exit 2 ;;
 esac
