@@ -135,9 +135,8 @@ static_assert(
     "dynamic smem: 1 KB alignment slack, Q, NUM_STAGES (K, V) tiles and the O staging tile (rungs.py "
     "smem_layout)");
 static_assert(!SMEM_EPILOGUE || (O_TILES % 2 == 0 && 32 % O_CHUNKS == 0), "whole stmatrix.x4 and whole rows");
-// The row copies unrolled in the two-warpgroup builds (all loads before the stores); with three consumer
-// warpgroups (160 registers) the unrolled copy spills at head_dim 64, so it stays a loop there.
-[[maybe_unused]] constexpr int O_COPY_UNROLL = NUM_THREADS == 512 ? 1 : WARP_ROWS * O_CHUNKS / 32;
+// The row copies unrolled (all loads before the stores).
+[[maybe_unused]] constexpr int O_COPY_UNROLL = WARP_ROWS * O_CHUNKS / 32;
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: two 64-column panels, TMA 128-byte swizzle
