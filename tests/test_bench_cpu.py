@@ -1123,6 +1123,25 @@ def test_rung_page_measured_block(tmp_path):
     assert "| **this rung 2** | 300 (0.50× / 0.45×) | error | skipped |" in block
 
 
+def test_rung_pages_take_only_rows_of_their_own_kernel(tmp_path):
+    """Results from before a re-cut of the ladder (issue 13) name, under a rung's number, the kernel that number
+    had then (the row label "04 fast_softmax"): with the ladder's names, a page whose rung has another kernel
+    today is left alone, and a rung below with another kernel shows "—", not the old kernel's figures."""
+    doc = _synthetic_doc()
+    page4 = tmp_path / "04-x.md"
+    page4.write_text("# rung 4\n<!-- measured:begin -->\nold\n<!-- measured:end -->\n")
+    assert report.update_rung_pages(doc, {4: page4}, {4: "something_else"}) == []
+    assert "old" in page4.read_text()
+    assert report.update_rung_pages(doc, {4: page4}, {4: "fast_softmax"}) == [page4]
+    assert "| **this rung 4** | 450 (0.75× / 0.68×)" in page4.read_text()
+    rows3 = [dict(r, impl="rung03", label="03 cp_async") for r in doc["rows"] if r["impl"] == "rung02"]
+    doc3 = dict(doc, rows=doc["rows"] + rows3)
+    block = report.rung_page_block(doc3, 4, {3: "cp_async", 4: "fast_softmax"})
+    assert "| before: rung 3 | 300 (0.50× / 0.45×) | error | skipped |" in block and "| 1.50× |" in block
+    block = report.rung_page_block(doc3, 4, {3: "renamed", 4: "fast_softmax"})
+    assert "| before: rung 3 | — | — | — |" in block and "| gain over the rung below | — | — | — |" in block
+
+
 @pytest.mark.parametrize(
     "doc",
     [

@@ -558,12 +558,31 @@ def update_readme(readme, block: str) -> str | None:
 PAGE_BEGIN, PAGE_END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
-def rung_page_block(doc: dict, number: int) -> str | None:
+def _kernel_name(doc: dict, impl: str) -> str | None:
+    """The rung name in ``impl``'s row label (``"10 pingpong"`` -> ``"pingpong"``), ``None`` without one."""
+    number, _, name = _labels(doc).get(impl, "").partition(" ")
+    return name if number.isdigit() and name else None
+
+
+def rung_page_block(doc: dict, number: int, names: dict | None = None) -> str | None:
     """Markdown for rung ``number``'s page: its TFLOP/s and ×cuDNN next to the rung below, per shape, and
-    the gain; ``None`` when the results hold no row for this rung."""
+    the gain; ``None`` when the results hold no row for this rung.
+
+    ``names`` (``{number: rung name}``, from ``attnclimb.rungs``): a row counts for a number only where its
+    label names the same kernel, so that results taken before the ladder was re-cut (issue 13: its rung 10
+    was ``pingpong``, today's is ``persistent_epilogue``) never fill a page of the kernel that now has that
+    number; a rung without a row of its own kernel gets no block, and a rung below without one "—"."""
     me, below = f"rung{number:02d}", f"rung{number - 1:02d}"
-    by = {(r["impl"], r["shape"]): r for r in doc["rows"]}
-    if not any(r["impl"] == me for r in doc["rows"]):
+
+    def same_kernel(impl, n):
+        label = _kernel_name(doc, impl)
+        return names is None or n not in names or label is None or label == names[n]
+
+    rows = [
+        r for r in doc["rows"] if _rung_number(r["impl"]) is None or same_kernel(r["impl"], _rung_number(r["impl"]))
+    ]
+    by = {(r["impl"], r["shape"]): r for r in rows}
+    if not any(r["impl"] == me for r in rows):
         return None
     cols = _columns(doc)
     fa4 = has_fa4_ratios(doc)
@@ -600,13 +619,14 @@ def rung_page_block(doc: dict, number: int) -> str | None:
     return "\n".join(lines)
 
 
-def update_rung_pages(doc: dict, pages: dict) -> list:
-    """Fill the ``<!-- measured:begin/end -->`` block of each page in ``pages`` (``{number: path}``).
+def update_rung_pages(doc: dict, pages: dict, names: dict | None = None) -> list:
+    """Fill the ``<!-- measured:begin/end -->`` block of each page in ``pages`` (``{number: path}``) with the
+    rows of that rung's own kernel where ``names`` (``{number: rung name}``) is given (:func:`rung_page_block`).
     Returns the paths that changed."""
     changed = []
     for number, path in pages.items():
         path = Path(path)
-        block = rung_page_block(doc, number)
+        block = rung_page_block(doc, number, names)
         if block is None or not path.is_file():
             continue
         text = path.read_text()
@@ -785,7 +805,7 @@ def main(args) -> int:
         from .. import rungs
 
         pages = {r.number: paths.REPO_ROOT / r.page for r in rungs.RUNGS}
-        for p in update_rung_pages(doc, pages):
+        for p in update_rung_pages(doc, pages, {r.number: r.name for r in rungs.RUNGS}):
             print(f"updated {_shown(p)} (measured section)")
     if not args.no_chart:
         png = write_chart(doc, Path(args.chart) if args.chart else path.parent / "ladder.png")
