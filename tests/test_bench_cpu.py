@@ -526,6 +526,33 @@ def test_report_cli(tmp_path):
     assert main(["report", str(tmp_path / "nope.json"), "--readme", str(readme), "--no-chart"]) == 1
 
 
+def test_report_pages_only(tmp_path, monkeypatch, capsys):
+    """``report FILE --pages RUNGS`` fills those rungs' pages from FILE (a bench that the README's table is not
+    drawn from, e.g. an H100's) and touches neither the README nor the chart."""
+    from attnclimb import rungs
+    from attnclimb.__main__ import main
+    from attnclimb.bench import paths
+
+    _, latest = run.write_results(_synthetic_doc(), tmp_path / "res")
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    pages = {n: tmp_path / rungs.get(n).page for n in (2, 4)}
+    for page in pages.values():
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text("# p\n<!-- measured:begin -->\nold\n<!-- measured:end -->\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{report.MARK_BEGIN}\nold\n{report.MARK_END}\n")
+    assert main(["report", str(latest), "--readme", str(readme), "--pages", "3-4"]) == 0
+    assert "| **this rung 4** | 450 (0.75× / 0.68×)" in pages[4].read_text()
+    assert "old" in pages[2].read_text() and "old" in readme.read_text()
+    assert not (latest.parent / "ladder.png").exists()
+    assert "1 of 2 pages changed" in capsys.readouterr().out
+    assert report.parse_rung_list("9,11-13") == [9, 11, 12, 13]
+    for bad in ("", "a-b", "10-", "1;2"):
+        with pytest.raises(ValueError):
+            report.parse_rung_list(bad)
+    assert main(["report", str(latest), "--pages", "x"]) == 1
+
+
 def test_report_says_unchanged_and_leaves_the_readme_alone(tmp_path, capsys):
     _, latest = run.write_results(_synthetic_doc(), tmp_path)
     readme = tmp_path / "README.md"

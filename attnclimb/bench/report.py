@@ -764,6 +764,43 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--chart", default=None, help="chart path (default: ladder.png next to the JSON)")
     p.add_argument("--no-chart", action="store_true", help="don't write the chart")
+    p.add_argument(
+        "--pages",
+        default=None,
+        metavar="RUNGS",
+        help="fill only these rungs' pages (e.g. 10-16 or 10,12) and leave the README and the chart alone: for a "
+        "results file that the README's table is not drawn from (another card, such as an H100 bench)",
+    )
+
+
+def parse_rung_list(spec: str) -> list:
+    """``"10-16"`` / ``"10,12"`` / ``"9,11-13"`` -> sorted rung numbers; ``ValueError`` on anything else."""
+    out = set()
+    for part in spec.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"not a rung list: {spec!r} (e.g. 10-16 or 10,12)")
+        out.update(range(int(lo), int(hi if dash else lo) + 1))
+    return sorted(out)
+
+
+def _pages_only(doc: dict, spec: str) -> int:
+    """``report --pages RUNGS``: the measured blocks of those rungs' pages, nothing else (0; 1 on a bad list)."""
+    from .. import rungs
+
+    try:
+        wanted = set(parse_rung_list(spec))
+    except ValueError as exc:
+        print(f"attnclimb report: --pages: {exc}", file=sys.stderr)
+        return 1
+    pages = {r.number: paths.REPO_ROOT / r.page for r in rungs.RUNGS if r.number in wanted}
+    changed = update_rung_pages(doc, pages, {r.number: r.name for r in rungs.RUNGS})
+    for p in changed:
+        print(f"updated {_shown(p)} (measured section)")
+    for n in sorted(wanted - {r.number for r in rungs.RUNGS}):
+        print(f"no rung {n} in attnclimb.rungs", file=sys.stderr)
+    print(f"{len(changed)} of {len(pages)} pages changed; README and chart left alone")
+    return 0
 
 
 def _shown(path: Path) -> str:
@@ -782,6 +819,8 @@ def main(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"attnclimb report: cannot read {path}: {exc}", file=sys.stderr)
         return 1
+    if getattr(args, "pages", None):
+        return _pages_only(doc, args.pages)
     block = markdown_table(doc, source=_shown(path))
     default_readme = paths.default_readme()
     readme = Path(args.readme) if args.readme else default_readme
