@@ -71,6 +71,10 @@ def main(dirs) -> int:
                     _copy_new(f, dst)
                     print(f"bench results from {doc.get('device')} -> {dst.relative_to(ROOT)} (not latest.json)")
                     todo.append(f"a line for {dst.name} in benchmarks/ab/README.md")
+                    todo.append(
+                        f"where rung pages have no H200 figures of their kernel: python -m attnclimb report "
+                        f"{dst.relative_to(ROOT)} --pages N-M"
+                    )
                     continue
                 dst = ROOT / "benchmarks" / "results" / f.name
                 shutil.copyfile(f, dst)
