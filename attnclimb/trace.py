@@ -247,10 +247,10 @@ class CudaBackend:
 
     device = "cuda"
 
-    def run(self, rung, q, k, v, o, scale: float) -> None:
+    def run(self, rung, q, k, v, o, scale: float, causal: bool = False) -> None:
         from .runtime.launch import run_rung
 
-        run_rung(rung, q, k, v, o, scale)
+        run_rung(rung, q, k, v, o, scale, causal=causal)
 
     def synchronize(self) -> None:
         import torch
@@ -324,48 +324,83 @@ class TraceRun:
     meta: dict
 
 
-def run_trace(rung, shape, *, ctas: int = DEFAULT_CTAS, clock: str = "global", seed: int = 0, backend=None) -> TraceRun:
+def launched_variant(rung: rungs.Rung, seqlen_k: int, causal: bool = False, head_dim: int | None = None) -> rungs.Rung:
+    """The build that a launch of ``rung`` (or of its trace build) runs for these arguments: the compile-time
+    variant that :func:`attnclimb.runtime.launch.run_rung` picks (causal, another head_dim, the long-K/V tiles
+    from ``Rung.long_kv``'s bound), with ``rung``'s own macros (``TRACE=1`` ...) kept; ``rung`` itself when
+    none applies. Its ``threads`` give the trace buffer's warpgroups. ``ValueError`` when ``rung`` lacks the
+    feature or head_dim."""
+    from .runtime.launch import feature_variant
+
+    head_dim = rung.head_dim if head_dim is None else head_dim
+    if not causal and head_dim == rung.head_dim and not rung.takes_long_kv(seqlen_k):
+        return rung
+    return feature_variant(rung, causal, False, False, head_dim=head_dim, seqlen_k=seqlen_k)
+
+
+def run_trace(
+    rung,
+    shape,
+    *,
+    ctas: int = DEFAULT_CTAS,
+    clock: str = "global",
+    seed: int = 0,
+    causal: bool = False,
+    head_dim: int | None = None,
+    backend=None,
+) -> TraceRun:
     """Run ``rung`` untraced, then its trace build twice (a warm-up, then with a cleared buffer), on the
-    same random inputs of ``shape = (B, H, Sq, Sk)``; return the buffer and whether the traced output equals
-    the untraced one bit for bit (the trace must not change results)."""
+    same random inputs of ``shape = (B, H, Sq, Sk)`` (bf16, ``head_dim`` columns, default the rung's; with
+    torch's causal mask if ``causal``); return the buffer and whether the traced output equals the untraced
+    one bit for bit (the trace must not change results). The buffer is read from the build that ran
+    (:func:`launched_variant`: e.g. three consumer warpgroups at head_dim 64 or on the long-K/V tiles)."""
     import torch
 
     backend = backend or CudaBackend()
-    tr = traced(rung, ctas, clock=clock)
-    layout = Layout.of(tr)
     b, h, sq, sk = shape
+    d = rung.head_dim if head_dim is None else head_dim
+    tr = traced(rung, ctas, clock=clock)  # launched as the rung is: run_rung picks the variant
+    built = launched_variant(tr, sk, causal, d)  # ... and this is it: its buffer and warpgroups
+    layout = Layout.of(built)
     gen = torch.Generator(device=backend.device).manual_seed(seed)
 
     def rand(rows):
-        return torch.randn(b, h, rows, rungs.HEAD_DIM, generator=gen, device=backend.device).to(torch.bfloat16)
+        return torch.randn(b, h, rows, d, generator=gen, device=backend.device).to(torch.bfloat16)
 
     q, k, v = rand(sq), rand(sk), rand(sk)
-    scale = rungs.HEAD_DIM**-0.5
+    scale = d**-0.5
     o_ref = torch.full_like(q, float("nan"))
     o_tr = torch.full_like(q, float("nan"))
-    backend.run(rung, q, k, v, o_ref, scale)
-    backend.run(tr, q, k, v, o_tr, scale)  # warm-up: compiles and loads the trace build
+    mask = {"causal": True} if causal else {}  # the plain trace calls run(rung, q, k, v, o, scale) as before
+    backend.run(rung, q, k, v, o_ref, scale, **mask)
+    backend.run(tr, q, k, v, o_tr, scale, **mask)  # warm-up: compiles and loads the trace build
     backend.synchronize()
     o_tr.fill_(float("nan"))
-    backend.clear_buffer(tr, layout.nbytes)
-    backend.run(tr, q, k, v, o_tr, scale)
+    backend.clear_buffer(built, layout.nbytes)
+    backend.run(tr, q, k, v, o_tr, scale, **mask)
     backend.synchronize()
-    raw = backend.read_buffer(tr, layout.nbytes)
+    raw = backend.read_buffer(built, layout.nbytes)
     same = bool(torch.equal(o_ref.view(torch.int16), o_tr.view(torch.int16)))  # bit for bit, NaNs included
     diff = (o_ref.float() - o_tr.float()).abs().nan_to_num(float("inf")).max().item() if not same else 0.0
-    grid = rung.num_m_blocks(sq) * b * h
+    grid = built.num_m_blocks(sq) * b * h
     meta = {
         "name": rung.name,
-        "shape": {"batch": b, "heads": h, "seqlen_q": sq, "seqlen_k": sk, "head_dim": rungs.HEAD_DIM},
+        "shape": {"batch": b, "heads": h, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d},
         "work_tiles": grid,
         "traced_ctas": ctas,
         **backend.describe(),
         "seed": seed,
         "command": f"python -m attnclimb trace {rung.number} --shape {b}x{h}x{sq}x{sk}"
+        + (" --causal" if causal else "")
+        + (f" --head-dim {d}" if d != rung.head_dim else "")
         + (f" --ctas {ctas}" if ctas != DEFAULT_CTAS else "")
         + (f" --clock {clock}" if clock != "global" else "")
         + (f" --seed {seed}" if seed else ""),
     }
+    if causal:
+        meta["causal"] = True
+    if (built.block_m, built.block_n, built.threads) != (rung.block_m, rung.block_n, rung.threads):
+        meta["tiles"] = {"block_m": built.block_m, "block_n": built.block_n, "threads": built.threads}
     return TraceRun(raw, layout, same, diff, meta)
 
 
@@ -390,13 +425,24 @@ def parse_shape(text: str) -> tuple:
     return shape
 
 
+def output_stem(doc: dict) -> str:
+    """``rungNN``, with ``-causal`` and ``-dNN`` for a trace of those variants (``rung16-causal-d64``), so that
+    such a trace never takes the place of a rung page's timeline (``docs/figures/timelines/rungNN.*``)."""
+    stem = f"rung{doc['rung']:02d}"
+    if doc.get("causal"):
+        stem += "-causal"
+    d = (doc.get("shape") or {}).get("head_dim", rungs.HEAD_DIM)
+    return stem + (f"-d{d}" if d != rungs.HEAD_DIM else "")
+
+
 def write_outputs(doc: dict, out_dir, formats=("svg", "png")) -> list:
-    """``rungNN.json`` and the chart in each of ``formats`` into ``out_dir``; returns the paths."""
+    """``rungNN.json`` (:func:`output_stem`) and the chart in each of ``formats`` into ``out_dir``; returns the
+    paths."""
     from .figures.timeline import draw_timeline
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"rung{doc['rung']:02d}"
+    stem = output_stem(doc)
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     written = [path]
@@ -404,6 +450,10 @@ def write_outputs(doc: dict, out_dir, formats=("svg", "png")) -> list:
     title = f"Rung {doc['rung']}" + (f" ({doc['name']})" if "name" in doc else "") + ": measured phases per warpgroup"
     if shape:
         title += f", {shape['batch']}x{shape['heads']}x{shape['seqlen_q']}x{shape['seqlen_k']}"
+        if shape.get("head_dim", rungs.HEAD_DIM) != rungs.HEAD_DIM:
+            title += f" d{shape['head_dim']}"
+    if doc.get("causal"):
+        title += ", causal"
     if "device" in doc:
         title += f", {doc['device']}"
     for fmt in formats:
@@ -434,6 +484,18 @@ def add_arguments(p) -> None:
         "too coarsely",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
+    p.add_argument(
+        "--causal",
+        action="store_true",
+        help="torch's causal mask (a rung with the causal feature); files rungNN-causal.*",
+    )
+    p.add_argument(
+        "--head-dim",
+        type=int,
+        default=None,
+        help="head_dim of the random inputs (default: the rung's, 128; others where the rung has them, e.g. "
+        "64: files rungNN-d64.*)",
+    )
 
 
 def main(args, backend=None) -> int:
@@ -442,7 +504,8 @@ def main(args, backend=None) -> int:
     try:
         rung = rungs.get(args.rung)
         shape = parse_shape(args.shape)
-        traced(rung, args.ctas, clock=args.clock)
+        causal, head_dim = bool(getattr(args, "causal", False)), getattr(args, "head_dim", None)
+        launched_variant(traced(rung, args.ctas, clock=args.clock), shape[3], causal, head_dim)
     except ValueError as exc:
         print(f"attnclimb trace: {exc}", file=sys.stderr)
         return 2
@@ -458,7 +521,9 @@ def main(args, backend=None) -> int:
                 file=sys.stderr,
             )
             return NO_HOPPER_EXIT
-    run = run_trace(rung, shape, ctas=args.ctas, clock=args.clock, seed=args.seed, backend=backend)
+    run = run_trace(
+        rung, shape, ctas=args.ctas, clock=args.clock, seed=args.seed, causal=causal, head_dim=head_dim, backend=backend
+    )
     if not run.same_output:
         print(
             f"attnclimb trace: the trace build of rung {rung.number} changed the output (max |diff| "

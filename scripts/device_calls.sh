@@ -29,6 +29,7 @@
 #                                           reductions in four chains per row; wgarrive18, vfirst18, sonlytop,
 #                                           nopptop, hint, hintq), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
+#   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # With little device time (each failed start costs 90-180 s): issue 13's H200 steps in four back-to-back calls, with
 # FA4 staged alongside (D=scripts/device_calls.sh): `bash $D stage q1 && bash $D ladder` (carry .peers/q1);
@@ -164,6 +165,15 @@ case "${1:-}" in
     PYTHONPATH=. python3 -c "import json,sys; from attnclimb.bench.dropin import run_bshd_view
 json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
       python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
+    ;;
+  trace-d64)   # (no carry, ~1 min) the top rung's head_dim 64 timelines, non-causal and causal, 1x32x4096x4096 (K/V of
+               # all heads above CAUSAL_L2_BYTES: the causal tiles go in pairs, as on the bench's 8k d64 causal shape,
+               # the one shape where FA4 leads): where the causal build spends the time the non-causal one does not
+    mkdir -p "$OUT/timelines-d64"
+    for c in "" --causal; do
+      PYTHONPATH=. python3 -m attnclimb trace "$TOP" --shape 1x32x4096x4096 --head-dim 64 $c --out "$OUT/timelines-d64" 2>&1 | tail -3
+    done
+    tar -C "$OUT" -czf "$OUT/timelines-d64.tgz" timelines-d64 && rm -rf "$OUT/timelines-d64"   # not unpacked by after_device.py
     ;;
   ladder)   # (no carry, ~3-4 min) every step of issue 13's ladder in one process: rungs 9 to the top at the headline
             # shapes and Wan2.1-1.3B, 4 rounds (LADDER_ROUNDS), cuDNN beside them, the error table with every rung

@@ -266,12 +266,16 @@ class FakeBackend:
     def __init__(self, perturb=False, dropped=0):
         self.calls, self.perturb, self.dropped = [], perturb, dropped
 
-    def run(self, rung, q, k, v, o, scale):
+    def run(self, rung, q, k, v, o, scale, causal=False):
         import torch
 
         traced_build = bool(rung.defines().get("TRACE"))
         self.calls.append(("run", rung.key, traced_build))
-        out = torch.softmax(scale * q.float() @ k.float().transpose(-1, -2), dim=-1) @ v.float()
+        self.causal_runs = getattr(self, "causal_runs", 0) + bool(causal)
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        out = torch.softmax(s, dim=-1) @ v.float()
         if traced_build and self.perturb:
             out = out * 1.01
         o.copy_(out.to(o.dtype))
@@ -329,6 +333,36 @@ def test_trace_command_with_a_fake_gpu(tmp_path, capsys):
     assert (tmp_path / "rung10.svg").exists() and (tmp_path / "rung10.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "wrote" in out and "bit for bit" in out
+
+
+def test_trace_of_a_causal_head_dim_64_call_reads_the_build_that_ran(tmp_path, capsys):
+    """``--causal --head-dim 64``: the launches carry the mask, the buffer is read from the compile-time variant
+    that run_rung launches (three consumer warpgroups at head_dim 64 on the top rung), and the files get their
+    own names, so that such a trace never replaces a rung page's timeline."""
+    top = rungs.TOP
+    fake = FakeBackend()
+    argv = ("--shape", "1x2x200x300", "--causal", "--head-dim", "64", "--out", str(tmp_path))
+    assert trace.main(_args(str(top.number), *argv), backend=fake) == 0
+    built = trace.launched_variant(trace.traced(top), 300, True, 64)
+    assert built.threads == top.head_dims[64].get("threads", top.threads) and built.defines()["CAUSAL"] == 1
+    assert built.defines()["TRACE"] == 1 and built.head_dim == 64
+    nbytes = trace.Layout.of(built).nbytes
+    assert ("clear", nbytes) in fake.calls and ("read", nbytes) in fake.calls and fake.causal_runs == 3
+    stem = f"rung{top.number:02d}-causal-d64"
+    doc = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert doc["causal"] is True and doc["shape"]["head_dim"] == 64
+    assert len(doc["ctas"][0]["warpgroups"]) == built.threads // 128
+    assert doc["command"] == f"python -m attnclimb trace {top.number} --shape 1x2x200x300 --causal --head-dim 64"
+    assert (tmp_path / f"{stem}.png").exists() and not (tmp_path / f"rung{top.number:02d}.json").exists()
+    # the long-K/V tiles of a non-causal call from Rung.long_kv's bound: the buffer of that build
+    fake = FakeBackend()
+    sk = top.long_kv[0]
+    assert trace.main(_args(str(top.number), "--shape", f"1x1x64x{sk}", "--out", str(tmp_path)), backend=fake) == 0
+    long = trace.launched_variant(trace.traced(top), sk)
+    assert long.block_n == top.long_kv[1]["block_n"] and ("read", trace.Layout.of(long).nbytes) in fake.calls
+    # a rung without the causal feature: refused before anything runs
+    assert trace.main(_args("9", "--causal", "--out", str(tmp_path)), backend=FakeBackend()) == 2
+    assert "does not support causal" in capsys.readouterr().err
 
 
 def test_trace_command_refuses_a_changed_output(tmp_path, capsys):

@@ -46,3 +46,23 @@ def test_sm_clock_trace(tmp_path):
     assert trace.main(_args("10", "--shape", "1x2x256x1024", "--clock", "sm", "--out", str(tmp_path))) == 0
     doc = json.loads((tmp_path / "rung10.json").read_text())
     assert doc["unit"] == "cycles" and doc["timer_step"] >= 1
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_top_rung_head_dim_64_trace(causal, tmp_path):
+    """The top rung's head_dim 64 build (three consumer warpgroups) traced, causal and not: the output equals
+    the untraced kernel's (trace.main checks it bit for bit), every consumer warpgroup of the variant that ran
+    recorded its K/V tiles and an epilogue, and the files carry the variant's name."""
+    top = rungs.TOP
+    argv = [str(top.number), "--shape", "1x4x700x700", "--head-dim", "64", "--out", str(tmp_path)]
+    assert trace.main(_args(*argv, *(["--causal"] if causal else []))) == 0
+    stem = f"rung{top.number:02d}{'-causal' if causal else ''}-d64"
+    doc = json.loads((tmp_path / f"{stem}.json").read_text())
+    built = trace.launched_variant(trace.traced(top), 700, causal, 64)
+    assert doc["shape"]["head_dim"] == 64 and bool(doc.get("causal")) == causal and doc["ctas"]
+    for cta in doc["ctas"]:
+        assert [wg["role"] for wg in cta["warpgroups"]] == ["producer"] + ["consumer"] * (built.threads // 128 - 1)
+        for wg in cta["warpgroups"][1:]:
+            assert wg["dropped"] == 0
+            assert sum(e["phase"] == "epilogue" for e in wg["events"]) >= 1
+            assert sum(e["phase"] == "wait" and e["what"] == "K full" for e in wg["events"]) >= 1
