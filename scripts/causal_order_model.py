@@ -1,0 +1,134 @@
+"""How evenly the persistent grid shares causal work among its CTAs: ``python scripts/causal_order_model.py``.
+
+A CPU model, no GPU. A causal work tile (query head, m-block ``mb``) visits ``ceil(min(Sk, (mb+1)·BLOCK_M) /
+BLOCK_N)`` K/V tiles; its cost here is that count plus ``--overhead`` tiles (the unoverlapped first S, last P·V
+and the epilogue). The kernel is done when its busiest CTA is, so the figure of merit is the mean CTA load over
+the busiest one (1.0: perfectly even). Three orders:
+
+* ``kernel``: the top rung's static order, a mirror of ``tile_of`` / ``work_of`` in
+  ``attnclimb/kernels/16_pingpong.cu`` (CTA ``c`` takes work ``c, c + G, c + 2G, ...``): heavy/light pairs head
+  by head when all heads' K and V exceed ``CAUSAL_L2_BYTES`` (32 MiB), else the heaviest m-blocks of every head
+  first, dealt in a snake.
+* ``snake``: that second order at every size (``CAUSAL_L2_BYTES`` set past any K/V: what the A/B variant
+  ``snake`` of ``scripts/device_calls.sh ab-causal-order`` builds); it ignores L2, whose cost this model does not
+  see: the A/B measures it.
+* ``dynamic``: the same pairs' tiles taken heaviest-first within groups of heads whose K/V fit in 32 MiB, each
+  by the first CTA to become free (an atomic tile counter, the tile scheduler of FlashAttention-3 Sec. 3 / its
+  persistent kernels' "longest processing time first"): not built; the bound a scheduler could reach.
+
+Prints one row per shape. Rows of the bench's causal shapes (head_dim 64 and 128) are the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+
+SMS = 132
+L2_BYTES = 32 << 20  # CAUSAL_L2_BYTES of the kernel
+
+
+def tile_cost(mb: int, block_m: int, block_n: int, seqlen_k: int, overhead: float) -> float:
+    """K/V tiles visited by causal m-block ``mb`` (keys up to its last row), plus ``overhead``."""
+    return overhead + math.ceil(min(seqlen_k, (mb + 1) * block_m) / block_n)
+
+
+def by_pairs(heads: int, nmb: int, seqlen_k: int, head_dim: int, block_m: int, grid: int, l2_bytes: int) -> bool:
+    """The kernel's choice (bf16, no GQA): pairs when all heads' K and V exceed ``l2_bytes`` and every CTA gets
+    at least one pair."""
+    kv_bytes = 2 * min(seqlen_k, nmb * block_m) * head_dim * 2 * heads
+    return kv_bytes > l2_bytes and heads * nmb >= 2 * grid
+
+
+def kernel_order(heads: int, nmb: int, pairs: bool, grid: int) -> list:
+    """``(work, head, mb)`` for every work index a CTA visits before its first tile >= num_tiles (the kernel's
+    loop): work ``w`` runs on CTA ``w % grid``."""
+    n = heads * nmb
+    out = []
+    for c in range(grid):
+        work = c
+        while True:
+            wave, cc = divmod(work, grid)
+            if pairs:
+                tile = 2 * (cc + (wave >> 1) * grid) + (wave & 1)
+            else:
+                tile = wave * grid + (grid - 1 - cc) if (wave & 1) and (wave + 1) * grid <= n else work
+            if tile >= n:
+                break
+            if pairs:
+                bh, r = divmod(tile, nmb)
+                mb = r >> 1 if r & 1 else nmb - 1 - (r >> 1)
+            else:
+                bh, mb = tile % heads, nmb - 1 - tile // heads
+            out.append((work, bh, mb))
+            work += grid
+    return out
+
+
+def static_loads(order: list, grid: int, cost) -> list:
+    loads = [0.0] * grid
+    for work, _, mb in order:
+        loads[work % grid] += cost(mb)
+    return loads
+
+
+def dynamic_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int, cost, l2_bytes: int) -> list:
+    """Greedy list scheduling of the tiles, heaviest m-block first within L2-sized groups of heads."""
+    per_head = 2 * seqlen_k * head_dim * 2
+    group = max(1, l2_bytes // per_head)
+    free = [(0.0, c) for c in range(grid)]
+    for g0 in range(0, heads, group):
+        for mb in range(nmb - 1, -1, -1):
+            for _ in range(g0, min(heads, g0 + group)):
+                load, c = heapq.heappop(free)
+                heapq.heappush(free, (load + cost(mb), c))
+    return [load for load, _ in free]
+
+
+def evenness(loads: list) -> float:
+    """Mean load over the busiest CTA's."""
+    return sum(loads) / (len(loads) * max(loads))
+
+
+SHAPES = [  # (label, batch·heads, seqlen, head_dim, BLOCK_M, BLOCK_N): the top rung's causal tiles
+    ("d64 4k (B4 H32)", 128, 4096, 64, 192, 128),
+    ("d64 8k (B2 H32)", 64, 8192, 64, 192, 128),
+    ("d64 16k (B1 H32)", 32, 16384, 64, 192, 128),
+    ("d128 4k (B4 H16)", 64, 4096, 128, 128, 128),
+    ("d128 8k (B2 H16)", 32, 8192, 128, 128, 128),
+    ("d128 16k (B1 H16)", 16, 16384, 128, 128, 128),
+]
+
+
+def rows(overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
+    """``(label, pairs, kernel, snake, dynamic)`` evenness per shape."""
+    out = []
+    for label, heads, s, d, bm, bn in shapes:
+        nmb = math.ceil(s / bm)
+        grid = min(sms, heads * nmb)
+
+        def cost(mb, bm=bm, bn=bn, s=s):
+            return tile_cost(mb, bm, bn, s, overhead)
+
+        pairs = by_pairs(heads, nmb, s, d, bm, grid, L2_BYTES)
+        kernel = evenness(static_loads(kernel_order(heads, nmb, pairs, grid), grid, cost))
+        snake = evenness(static_loads(kernel_order(heads, nmb, False, grid), grid, cost))
+        dynamic = evenness(dynamic_loads(heads, nmb, d, s, grid, cost, L2_BYTES))
+        out.append((label, pairs, kernel, snake, dynamic))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--overhead", type=float, default=1.0, help="per work tile, in K/V tiles (default 1)")
+    args = ap.parse_args(argv)
+    print(f"mean CTA load / busiest CTA's ({SMS} CTAs, per-tile overhead {args.overhead:g} K/V tiles)")
+    print(f"{'shape':20s} {'order':6s} {'kernel':>7s} {'snake':>7s} {'dynamic':>8s}")
+    for label, pairs, kernel, snake, dynamic in rows(args.overhead):
+        print(f"{label:20s} {'pairs' if pairs else 'snake':6s} {kernel:7.3f} {snake:7.3f} {dynamic:8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
