@@ -178,12 +178,12 @@ json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd
         --head-dim $d --causal --rounds 4 --no-errors --shapes $shp --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -5
     done
     ;;
-  trace-d64)   # (no carry, ~1 min) the top rung's head_dim 64 timelines, non-causal and causal, 1x32x4096x4096 (K/V of
+  trace-d64)   # (no carry, ~1 min) the top rung's head_dim 64 timelines, non-causal and causal, 1x36x4096x4096 (K/V of
                # all heads above CAUSAL_L2_BYTES: the causal tiles go in pairs, as on the bench's 8k d64 causal shape,
                # the one shape where FA4 leads): where the causal build spends the time the non-causal one does not
     mkdir -p "$OUT/timelines-d64"
     for c in "" --causal; do
-      PYTHONPATH=. python3 -m attnclimb trace "$TOP" --shape 1x32x4096x4096 --head-dim 64 $c --out "$OUT/timelines-d64" 2>&1 | tail -3
+      PYTHONPATH=. python3 -m attnclimb trace "$TOP" --shape 1x36x4096x4096 --head-dim 64 $c --out "$OUT/timelines-d64" 2>&1 | tail -3
     done
     tar -C "$OUT" -czf "$OUT/timelines-d64.tgz" timelines-d64 && rm -rf "$OUT/timelines-d64"   # not unpacked by after_device.py
     ;;

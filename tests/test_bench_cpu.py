@@ -547,10 +547,12 @@ def test_report_pages_only(tmp_path, monkeypatch, capsys):
     assert not (latest.parent / "ladder.png").exists()
     assert "1 of 2 pages changed" in capsys.readouterr().out
     assert report.parse_rung_list("9,11-13") == [9, 11, 12, 13]
-    for bad in ("", "a-b", "10-", "1;2"):
+    for bad in ("", "a-b", "10-", "1;2", "16-10"):
         with pytest.raises(ValueError):
             report.parse_rung_list(bad)
     assert main(["report", str(latest), "--pages", "x"]) == 1
+    assert main(["report", str(latest), "--readme", str(readme), "--pages", ""]) == 1  # not "every page"
+    assert "old" in readme.read_text() and not (latest.parent / "ladder.png").exists()
 
 
 def test_report_says_unchanged_and_leaves_the_readme_alone(tmp_path, capsys):

@@ -285,9 +285,11 @@ class FakeBackend:
 
     def clear_buffer(self, rung, nbytes):
         self.calls.append(("clear", nbytes))
+        self.cleared = rung
 
     def read_buffer(self, rung, nbytes):
         self.calls.append(("read", nbytes))
+        self.read = rung
         layout = trace.Layout.of(rung)
         assert layout.nbytes == nbytes
         slots = {}
@@ -348,6 +350,7 @@ def test_trace_of_a_causal_head_dim_64_call_reads_the_build_that_ran(tmp_path, c
     assert built.defines()["TRACE"] == 1 and built.head_dim == 64
     nbytes = trace.Layout.of(built).nbytes
     assert ("clear", nbytes) in fake.calls and ("read", nbytes) in fake.calls and fake.causal_runs == 3
+    assert fake.cleared is built and fake.read is built  # the module that ran, not the plain trace build
     stem = f"rung{top.number:02d}-causal-d64"
     doc = json.loads((tmp_path / f"{stem}.json").read_text())
     assert doc["causal"] is True and doc["shape"]["head_dim"] == 64
@@ -359,10 +362,28 @@ def test_trace_of_a_causal_head_dim_64_call_reads_the_build_that_ran(tmp_path, c
     sk = top.long_kv[0]
     assert trace.main(_args(str(top.number), "--shape", f"1x1x64x{sk}", "--out", str(tmp_path)), backend=fake) == 0
     long = trace.launched_variant(trace.traced(top), sk)
-    assert long.block_n == top.long_kv[1]["block_n"] and ("read", trace.Layout.of(long).nbytes) in fake.calls
+    assert long.block_n == top.long_kv[1]["block_n"] and fake.read is long and fake.cleared is long
     # a rung without the causal feature: refused before anything runs
     assert trace.main(_args("9", "--causal", "--out", str(tmp_path)), backend=FakeBackend()) == 2
     assert "does not support causal" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_k", [300, 2048, 6144, 40000])
+def test_launched_variant_is_the_build_run_rung_launches(causal, head_dim, seqlen_k):
+    """trace reads the buffer of launched_variant(...): it must be the very build (the same memoised object, so
+    the same loaded module) that run_rung's own choice (launch._checked_variant) gives for such a call."""
+    import torch
+
+    from attnclimb.runtime import launch
+
+    tr = trace.traced(rungs.TOP)
+    q = torch.empty(1, 2, 64, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(1, 2, seqlen_k, head_dim, dtype=torch.bfloat16)
+    picked, strided = launch._checked_variant(tr, q, k, k, q, causal, None)
+    assert not strided and trace.launched_variant(tr, seqlen_k, causal, head_dim) is picked
+    assert picked.defines()["TRACE"] == 1
 
 
 def test_trace_command_refuses_a_changed_output(tmp_path, capsys):

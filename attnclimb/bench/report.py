@@ -778,7 +778,7 @@ def parse_rung_list(spec: str) -> list:
     out = set()
     for part in spec.split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not lo.isdigit() or (dash and (not hi.isdigit() or int(hi) < int(lo))):
             raise ValueError(f"not a rung list: {spec!r} (e.g. 10-16 or 10,12)")
         out.update(range(int(lo), int(hi if dash else lo) + 1))
     return sorted(out)
@@ -819,7 +819,7 @@ def main(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"attnclimb report: cannot read {path}: {exc}", file=sys.stderr)
         return 1
-    if getattr(args, "pages", None):
+    if getattr(args, "pages", None) is not None:  # (an empty list is refused there, not read as "all")
         return _pages_only(doc, args.pages)
     block = markdown_table(doc, source=_shown(path))
     default_readme = paths.default_readme()
