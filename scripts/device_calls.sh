@@ -32,11 +32,12 @@
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~3 min) causal tile order: pairs (today) vs the snake
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
-# With little device time (each failed start costs 90-180 s): issue 13's H200 steps in four back-to-back calls, with
-# FA4 staged alongside (D=scripts/device_calls.sh): `bash $D stage q1 && bash $D ladder` (carry .peers/q1);
-# `bash $D stage q2 && bash scripts/device_job.sh trace "10 11 12 13 14 15 16"` (.peers/q2); `bash $D stage q3`
-# (.peers/q3); `bash $D peers-bench` (.peers/q4). The whole GPU suite (`verify`) takes 5.5 min on an H100: skip it
-# when no kernel changed since a passing run.
+# With little device time (each failed start costs 90-180 s): issue 13's H200 steps in four back-to-back calls, FA4
+# staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
+# `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
+# bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
+# features sanitize fp16` (the top rung's sets); (4) .peers/q4: `bash $D peers-bench`. The whole GPU suite
+# (`verify`) takes 5.5 min on an H100: skip it when no kernel changed since a passing run.
 # The modes that timed the rungs the re-cut removed or renumbered (ab-17, ab-18, ab-18b, ab-wg3, ab-short, ab-exp2,
 # ladder-nopp, d64-ncu, d64-fa4, ab-swap, ab-10, ab-epi11, recut, recut-first, recut-last) are in git at 8cedb83, with
 # scripts/make_recut.sh and the variants they used; their A/B files under benchmarks/ab name the old rung numbers.
