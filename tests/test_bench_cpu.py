@@ -1359,3 +1359,21 @@ def test_after_device_names_files_by_card(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="other contents"):  # another run of the same name is never overwritten
         ad.main([out])
     assert ad.short_commit("40ea14bcafe-dirty") == "40ea14b-dirty" and ad.short_commit(None) == "nocommit"
+
+
+def test_rung_pages_say_when_their_measured_block_is_not_the_h200s():
+    """A page whose measured block comes from another card (``report FILE --pages``: the H100 bench of the
+    twenty-first session) says so above it, and the note goes when the H200 bench refills the block."""
+    from attnclimb import rungs
+    from attnclimb.bench import paths
+
+    for r in rungs.RUNGS:
+        text = (paths.REPO_ROOT / r.page).read_text()
+        if report.PAGE_BEGIN not in text:
+            continue
+        block = text.split(report.PAGE_BEGIN, 1)[1].split(report.PAGE_END, 1)[0].strip()
+        caption = block.splitlines()[0] if block else ""
+        noted = "The table below is the H100 bench" in text
+        assert noted == ("H100" in caption), (
+            f"{r.page}: caption {caption[:60]!r}, H100 note {'present' if noted else 'absent'}"
+        )
