@@ -14,6 +14,9 @@ the busiest one (1.0: perfectly even). Three orders:
   see: the A/B measures it.
 * ``pairs+tail``: the pairs for all but the last three rounds, then the rest heaviest-first in a snake: a static
   repair tried in this model only.
+* ``headpairs``: heavy/light pairs inside each head (no pair across two heads when the m-block count is odd)
+  and the last two rounds heaviest-first in a snake: the A/B variant ``headpairs`` of
+  ``scripts/make_variants.py`` (:func:`head_pairs_then_tail`, the same arithmetic as its ``causal_order.cuh``).
 * ``dynamic``: the same pairs' tiles taken heaviest-first within groups of heads whose K/V fit in 32 MiB, each
   by the first CTA to become free (an atomic tile counter, the tile scheduler of FlashAttention-3 Sec. 3 / its
   persistent kernels' "longest processing time first"): not built; the bound a scheduler could reach.
@@ -92,6 +95,34 @@ def pairs_then_snake(heads: int, nmb: int, grid: int, tail_rounds: int = 3) -> l
     return out
 
 
+def head_pairs_then_tail(work: int, grid: int, heads: int, nmb: int, tail_rounds: int = 2) -> tuple:
+    """Work ``work`` (CTA ``work % grid``) -> ``(head, mb)`` in the order of the A/B variant ``headpairs``
+    (``scripts/make_variants.py``'s ``causal_order.cuh``, the same arithmetic line by line): heavy/light pairs
+    inside each head for all but the last ``tail_rounds`` whole rounds of pairs, the rest (with an odd ``nmb``'s
+    middle m-blocks) heaviest-first in a snake."""
+    half = nmb // 2
+    rounds = max(0, heads * half // grid - tail_rounds)
+    w0 = 2 * rounds * grid
+    if work < w0:
+        wave, c = divmod(work, grid)
+        p = (wave >> 1) * grid + c
+        head, j = divmod(p, half)
+        return head, j if wave & 1 else nmb - 1 - j
+    rest = heads * nmb - w0
+    wave, c = divmod(work - w0, grid)
+    u = wave * grid + (grid - 1 - c if (wave & 1) and (wave + 1) * grid <= rest else c)
+    p0 = rounds * grid
+    h0, j0 = divmod(p0, half) if half else (heads, 0)
+    for mb in range(nmb - 1, -1, -1):
+        j = min(mb, nmb - 1 - mb)
+        middle = nmb & 1 and mb == nmb // 2
+        cnt = heads if middle else heads - h0 - 1 + (j >= j0)
+        if u < cnt:
+            return (u, mb) if middle else ((h0 if j >= j0 else h0 + 1) + u, mb)
+        u -= cnt
+    return heads, 0
+
+
 def static_loads(order: list, grid: int, cost) -> list:
     loads = [0.0] * grid
     for work, _, mb in order:
@@ -128,7 +159,7 @@ SHAPES = [  # (label, batch·heads, seqlen, head_dim, BLOCK_M, BLOCK_N): the top
 
 
 def rows(overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
-    """``(label, pairs, kernel, snake, dynamic, pairs_then_snake)`` evenness per shape."""
+    """``(label, pairs, kernel, snake, dynamic, pairs_then_snake, headpairs)`` evenness per shape."""
     out = []
     for label, heads, s, d, bm, bn in shapes:
         nmb = math.ceil(s / bm)
@@ -142,7 +173,10 @@ def rows(overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
         snake = evenness(static_loads(kernel_order(heads, nmb, False, grid), grid, cost))
         dynamic = evenness(dynamic_loads(heads, nmb, d, s, grid, cost, L2_BYTES))
         tail = evenness(static_loads(pairs_then_snake(heads, nmb, grid), grid, cost))
-        out.append((label, pairs, kernel, snake, dynamic, tail))
+        n = heads * nmb
+        hp = [(w, *head_pairs_then_tail(w, grid, heads, nmb)) for w in range(n)]
+        headpairs = evenness(static_loads(hp, grid, cost))
+        out.append((label, pairs, kernel, snake, dynamic, tail, headpairs))
     return out
 
 
@@ -151,10 +185,11 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead", type=float, default=1.0, help="per work tile, in K/V tiles (default 1)")
     args = ap.parse_args(argv)
     print(f"mean CTA load / busiest CTA's ({SMS} CTAs, per-tile overhead {args.overhead:g} K/V tiles)")
-    print(f"{'shape':20s} {'order':6s} {'kernel':>7s} {'snake':>7s} {'dynamic':>8s} {'pairs+tail':>11s}")
-    for label, pairs, kernel, snake, dynamic, tail in rows(args.overhead):
+    head = f"{'kernel':>7s} {'snake':>7s} {'dynamic':>8s} {'pairs+tail':>11s} {'headpairs':>10s}"
+    print(f"{'shape':20s} {'order':6s} {head}")
+    for label, pairs, kernel, snake, dynamic, tail, hp in rows(args.overhead):
         kind = "pairs" if pairs else "snake"
-        print(f"{label:20s} {kind:6s} {kernel:7.3f} {snake:7.3f} {dynamic:8.3f} {tail:11.3f}")
+        print(f"{label:20s} {kind:6s} {kernel:7.3f} {snake:7.3f} {dynamic:8.3f} {tail:11.3f} {hp:10.3f}")
     return 0
 
 

@@ -168,15 +168,17 @@ case "${1:-}" in
 json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
       python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
     ;;
-  ab-causal-order)   # (no carry, ~3 min; FA4 too if an earlier call installed it) the top rung against `snake`, itself
-                     # with CAUSAL_L2_BYTES past any K/V (the heaviest-first snake at every size instead of the pairs):
-                     # scripts/causal_order_model.py predicts +2-9 % where the pairs leave CTAs idle, if L2 costs nothing
+  ab-causal-order)   # (no carry, ~4 min; FA4 too if an earlier call installed it) the top rung against `snake`, itself
+                     # with CAUSAL_L2_BYTES past any K/V (the heaviest-first snake at every size instead of the pairs),
+                     # and `headpairs` (make_variants.py: pairs inside each head, the last rounds in a snake; L2-friendly):
+                     # scripts/causal_order_model.py predicts +2-9 % at head_dim 64 where the pairs leave CTAs idle
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     for d in 64 128; do
       [ $d = 64 ] && shp=4x32x4096,2x32x8192,1x32x16384 || shp=4x16x4096,2x16x8192,1x16x16384
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant "snake=.ab/base@CAUSAL_L2_BYTES=1099511627776" \
-        --head-dim $d --causal --rounds 4 --no-errors --shapes $shp --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -5
+        --variant headpairs=.ab/headpairs --head-dim $d --causal --rounds 4 --shapes $shp \
+        --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -8
     done
     ;;
   trace-d64)   # (no carry, ~1 min) the top rung's head_dim 64 timelines, non-causal and causal, 1x36x4096x4096 (K/V of

@@ -21,6 +21,9 @@
   19, the top rung before the re-cut);
 * ``sonlytop/…``: the turn covering the S group only (sixteenth session; lost against FA3's placement, old rung
   10's page, "Revisited");
+* ``headpairs/…`` + ``causal_order.cuh``: the causal order when all heads' K/V exceed L2 with heavy/light pairs
+  inside each head and the last rounds heaviest-first in a snake (twenty-first session, from
+  ``scripts/causal_order_model.py``; not yet timed: ``device_calls.sh ab-causal-order``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
   front of the exponentials (what each part of the work costs; ``device_calls.sh diag``).
@@ -125,6 +128,94 @@ def treetop(src: str) -> str:
         1,
     )
     return src
+
+
+CAUSAL_ORDER_HEADER = """// A/B variant (scripts/make_variants.py `headpairs`): the causal work order of the persistent
+// grid when all heads' K and V exceed CAUSAL_L2_BYTES (the top rung's `by_pairs` case).
+// scripts/causal_order_model.py mirrors it (`head_pairs_then_tail`); its CPU test compiles this header
+// with the host compiler and compares the two.
+#pragma once
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define CAUSAL_ORDER_FN __host__ __device__ __forceinline__
+#else
+#define CAUSAL_ORDER_FN inline
+#endif
+
+namespace causal_order {
+struct Tile {
+    int head, mb;  // index of the (batch, head) and the m-block
+};
+
+// Tiles of m-block mb left for the tail: every head's middle m-block (odd nmb), else the heads after h0 and h0
+// itself if its pair index j >= j0 (h0's pairs below j0 ran in the rounds).
+CAUSAL_ORDER_FN int tail_count(int mb, int nmb, int heads, int h0, int j0) {
+    if ((nmb & 1) && mb == nmb / 2) return heads;
+    const int j = mb < nmb - 1 - mb ? mb : nmb - 1 - mb;
+    return heads - h0 - 1 + (j >= j0 ? 1 : 0);
+}
+
+// Work w (CTA w % grid) -> its tile, for w < heads * nmb. Pairs inside each head: m-blocks nmb-1-j and j (j <
+// nmb/2), pair p = k*grid + c run by CTA c as works 2k*grid + c and (2k+1)*grid + c, for all but the last
+// `tail_rounds` whole rounds of pairs; the tiles left (and an odd nmb's middle m-blocks) then heaviest first
+// (m-block descending, head ascending), dealt in waves of `grid`, every other whole wave in reverse.
+CAUSAL_ORDER_FN Tile head_pairs_then_tail(int work, int grid, int heads, int nmb, int tail_rounds) {
+    const int half = nmb / 2;  // pairs per head
+    int rounds = heads * half / grid - tail_rounds;
+    if (rounds < 0) rounds = 0;
+    const int w0 = 2 * rounds * grid;
+    if (work < w0) {
+        const int wave = work / grid, c = work - wave * grid;
+        const int p = (wave >> 1) * grid + c, head = p / half, j = p - head * half;
+        return {head, (wave & 1) ? j : nmb - 1 - j};
+    }
+    const int rest = heads * nmb - w0, v = work - w0, wave = v / grid, c = v - wave * grid;
+    int u = wave * grid + (((wave & 1) && (wave + 1) * grid <= rest) ? grid - 1 - c : c);
+    const int p0 = rounds * grid, h0 = half ? p0 / half : heads, j0 = half ? p0 - h0 * half : 0;
+    for (int mb = nmb - 1; mb >= 0; --mb) {
+        const int cnt = tail_count(mb, nmb, heads, h0, j0);
+        if (u < cnt) {
+            if ((nmb & 1) && mb == nmb / 2) return {u, mb};
+            const int j = mb < nmb - 1 - mb ? mb : nmb - 1 - mb;
+            return {(j >= j0 ? h0 : h0 + 1) + u, mb};
+        }
+        u -= cnt;
+    }
+    return {heads, 0};  // past the last tile
+}
+}  // namespace causal_order
+"""
+
+
+def headpairs(src: str) -> str:
+    """The causal `by_pairs` order replaced by causal_order.cuh's: heavy/light pairs inside each head (an odd
+    m-block count's middle m-block no longer pairs across two heads) for all but the last CAUSAL_TAIL_ROUNDS
+    (default 2) rounds, the rest heaviest-first in a snake (twenty-first session: scripts/causal_order_model.py
+    puts the busiest CTA within 1-2 % of the mean on the bench's causal shapes, against 3-9 % for the pairs)."""
+    src = _sub(src, '#include "wgmma_attn.cuh"', '#include "wgmma_attn.cuh"\n#include "causal_order.cuh"', 1)
+    src = _sub(
+        src,
+        "        if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);\n",
+        "        if (by_pairs) return static_cast<unsigned>(work);  // causal_order.cuh deals the works itself\n",
+        1,
+    )
+    return _sub(
+        src,
+        """        if (by_pairs) {
+            w.bh = tile / num_m_blocks;
+            const int r = tile % num_m_blocks;
+            mb = r & 1 ? r >> 1 : num_m_blocks - 1 - (r >> 1);
+        } else {""",
+        """        if (by_pairs) {
+#ifndef CAUSAL_TAIL_ROUNDS
+#define CAUSAL_TAIL_ROUNDS 2
+#endif
+            const causal_order::Tile ct =
+                causal_order::head_pairs_then_tail(tile, gridDim.x, bh_count, num_m_blocks, CAUSAL_TAIL_ROUNDS);
+            w.bh = ct.head;
+            mb = ct.mb;
+        } else {""",
+        1,
+    )
 
 
 def _sub(text, old, new, count=None, regex=False):
@@ -353,6 +444,7 @@ def main(out=".ab"):
         ("wgarrive18", wgarrive, {}),
         ("vfirst18", vfirst, {}),
         ("sonlytop", sonly, {}),
+        ("headpairs", headpairs, {"causal_order.cuh": CAUSAL_ORDER_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

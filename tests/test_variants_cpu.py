@@ -29,6 +29,7 @@ VARIANTS = {
     "wgarrive18",
     "vfirst18",
     "sonlytop",
+    "headpairs",
 }
 
 
@@ -243,3 +244,84 @@ def test_sonlytop_moves_the_loop_arrival_after_issuing_s(tmp_path, build):
     assert any(i + 1 in loop_arrive for i in issue)
     b = feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]) if build == "long-kv" else TOP
     _no_spills(compile_source(b, var))
+
+
+def _order_model():
+    spec = importlib.util.spec_from_file_location("causal_order_model", ROOT / "scripts" / "causal_order_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ORDER_CASES = [  # (heads = batch·heads, m-blocks, grid): the bench's causal shapes and small odd ones
+    (64, 43, 132),
+    (128, 22, 132),
+    (32, 86, 132),
+    (32, 64, 132),
+    (16, 128, 132),
+    (5, 9, 4),
+    (7, 3, 5),
+    (3, 1, 2),
+    (9, 7, 13),
+]
+
+
+@pytest.mark.parametrize("tail_rounds", [0, 2, 5])
+def test_headpairs_order_visits_every_tile_once_and_matches_its_header(tmp_path, tail_rounds):
+    """causal_order.cuh (compiled for the host) and the model's mirror give the same tile for every work, and
+    the works 0 .. heads·nmb - 1 (CTA w % grid) visit every (head, m-block) once."""
+    import shutil
+    import subprocess
+
+    model = _order_model()
+    for heads, nmb, grid in ORDER_CASES:
+        tiles = [model.head_pairs_then_tail(w, grid, heads, nmb, tail_rounds) for w in range(heads * nmb)]
+        assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)], (heads, nmb, grid)
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler to check causal_order.cuh against the model")
+    _load().main(str(tmp_path))
+    main = tmp_path / "order.cpp"
+    main.write_text(
+        '#include <cstdio>\n#include "headpairs/causal_order.cuh"\n'
+        "int main(int argc, char** argv) {\n"
+        "  int heads, nmb, grid, tail;\n"
+        '  while (std::scanf("%d %d %d %d", &heads, &nmb, &grid, &tail) == 4)\n'
+        "    for (int w = 0; w < heads * nmb; ++w) {\n"
+        "      causal_order::Tile t = causal_order::head_pairs_then_tail(w, grid, heads, nmb, tail);\n"
+        '      std::printf("%d %d\\n", t.head, t.mb);\n'
+        "    }\n"
+        "}\n"
+    )
+    exe = tmp_path / "order"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
+    stdin = "".join(f"{h} {n} {g} {tail_rounds}\n" for h, n, g in ORDER_CASES)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split("\n")
+    want = [
+        f"{h} {m}"
+        for heads, nmb, grid in ORDER_CASES
+        for h, m in (model.head_pairs_then_tail(w, grid, heads, nmb, tail_rounds) for w in range(heads * nmb))
+    ]
+    assert out[:-1] == want
+
+
+@pytest.mark.parametrize("build", ["causal", "head_dim-64-causal", "causal-gqa-lse-strided", "plain"])
+def test_headpairs_rewrites_the_pair_order_and_builds_without_spills(tmp_path, build):
+    """``headpairs`` changes only the causal ``by_pairs`` order: its plain build is the top rung's machine code,
+    its causal builds compile without spills and call causal_order.cuh's order."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "headpairs" / TOP.source.name).read_text()
+    assert "causal_order::head_pairs_then_tail(tile, gridDim.x, bh_count, num_m_blocks" in src
+    assert "if (by_pairs) return static_cast<unsigned>(work);" in src and "if (by_pairs) return 2 * (c +" not in src
+    r = {
+        "plain": TOP,
+        "causal": feature_variant(TOP, True, False, False),
+        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
+        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / "headpairs", TOP.source.name))
+    _no_spills(c)
+    if build == "plain" and find_cuobjdump() is not None:
+        from attnclimb.runtime.sass import sass_digest
+
+        assert sass_digest(c.cubin) == sass_digest(compile_rung(TOP).cubin)
