@@ -14,7 +14,10 @@ FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
 flash and efficient backends on the same inputs), and TFLOP/s with the ratio to cuDNN measured in the same
-run. Writes everything as JSON to ``--out``.
+run. Before timing a shape, each implementation's output on its first input set (O poisoned with NaN) is compared
+with SDPA cuDNN's (``--no-check`` skips it): a variant that changes the work order or the tiles, causal ones
+included, must still compute every row; the rel L2 goes into the JSON rows and a line after the tables.
+Writes everything as JSON to ``--out``.
 """
 
 import argparse
@@ -171,7 +174,22 @@ class Clocks:
         return tuple(statistics.median(x[i] for x in self.samples) for i in (0, 1))
 
 
-def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None, clocks=False):
+def output_check(impls, qkv, scale, causal):
+    """``{label: rel L2}`` of each implementation's output against SDPA cuDNN's on the timed inputs ``qkv`` (O
+    poisoned with NaN first, so a tile that no CTA computes shows as NaN): an A/B variant that changes the work
+    order or the tiles must still compute every row. bf16 against bf16, so ~3e-3 is agreement."""
+    q, k, v = qkv
+    ref = sdpa(q, k, v, scale, BACKENDS["cudnn"], causal).float()
+    out = {}
+    for label, r in impls:
+        o = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+        run_rung(r, q, k, v, o, scale, causal=causal)
+        d = o.float() - ref
+        out[label] = float("nan") if torch.isnan(o).any() else (d.norm() / ref.norm()).item()
+    return out
+
+
+def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None, clocks=False, check=True):
     res = []
     from attnclimb.bench.peers import make_peer
 
@@ -189,6 +207,10 @@ def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None, cl
         if bshd:  # (B, S, H, D)-contiguous memory passed as .transpose(1, 2) views, as diffusers does
             sets = [tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv) for qkv in sets]
         prepared = [(q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)) for q, k, v in sets]
+        checked = output_check(impls, sets[0], scale, causal) if check else {}
+        for label, err in checked.items():
+            if not err <= 1e-2:  # NaN fails too
+                print(f"WARNING {name}: {label} differs from SDPA cuDNN, rel L2 {err:.2e}")
         fns = {
             label: timing.rotating(lambda a, r=r: run_rung(r, *a, scale, causal=causal), prepared) for label, r in impls
         }
@@ -207,6 +229,7 @@ def timings(impls, shapes, rounds=2, causal=False, bshd=False, head_dim=None, cl
                 else:
                     times[k].append(triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median"))
         row = {"shape": [b, h, s, *sk]}
+        row.update({f"{label}_rel_l2_vs_cudnn": err for label, err in checked.items()})
         for k, ts in times.items():
             row[k] = shape.flops / (statistics.median(ts) * 1e-3) / 1e12
             if mhz[k] and all(m is not None for m, _ in mhz[k]):
@@ -228,6 +251,11 @@ def main():
     ap.add_argument("--out", default="ab_rungs.json")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-errors", action="store_true", help="skip the far-offset error table")
+    ap.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the check of every timed implementation's output against SDPA cuDNN on each timed shape",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median taken)")
     ap.add_argument("--causal", action="store_true", help="time the causal variants (FLOPs halved)")
     ap.add_argument("--head-dim", type=int, default=None, help="head_dim of the timed shapes (default 128)")
@@ -256,6 +284,7 @@ def main():
             bshd=args.bshd,
             head_dim=args.head_dim,
             clocks=args.clocks,
+            check=not args.no_check,
         )
     )
     from attnclimb.bench.run import collect_env
@@ -280,6 +309,13 @@ def main():
         print(f"{'shape':18s} " + " ".join(f"{x[-15:]:>15s}" for x in labels))
         for r in tim:
             print(f"{r['shape']!s:18s} " + " ".join(f"{r[x]:7.0f} ({r[x] / r['cudnn']:.3f})" for x in labels))
+        checks = {x: [r[f"{x}_rel_l2_vs_cudnn"] for r in tim if f"{x}_rel_l2_vs_cudnn" in r] for x, _ in impls}
+        if any(checks.values()):
+            worst = {x: max(v, key=lambda e: math.inf if math.isnan(e) else e) for x, v in checks.items() if v}
+            print(
+                "output vs SDPA cuDNN on the timed inputs, rel L2 (largest over the shapes): "
+                + ", ".join(f"{x} {e:.1e}" for x, e in worst.items())
+            )
         if "cudnn_mhz" in tim[0]:
             print("median SM clock MHz / board power W while timing; TFLOP/s per GHz")
             for r in tim:

@@ -1,6 +1,7 @@
 """CPU-only tests of the bench harness: FLOP count, shapes, JSON rows, README table, chart, no-GPU exit."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -1377,3 +1378,47 @@ def test_rung_pages_say_when_their_measured_block_is_not_the_h200s():
         assert noted == ("H100" in caption), (
             f"{r.page}: caption {caption[:60]!r}, H100 note {'present' if noted else 'absent'}"
         )
+
+
+def test_ab_rungs_checks_every_output_against_cudnn(monkeypatch):
+    """scripts/ab_rungs.py: before timing a shape, each implementation runs once with O poisoned with NaN and is
+    compared with SDPA cuDNN's output; a variant that leaves a tile uncomputed gives NaN (and a warning), one that
+    computes every row agrees to bf16 rounding."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("triton") is None:
+        fake = types.ModuleType("triton")
+        fake.testing = types.ModuleType("triton.testing")
+        monkeypatch.setitem(sys.modules, "triton", fake)
+        monkeypatch.setitem(sys.modules, "triton.testing", fake.testing)
+    from attnclimb import rungs
+
+    spec = importlib.util.spec_from_file_location("ab_rungs", rungs.KERNEL_DIR.parents[1] / "scripts" / "ab_rungs.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+
+    def exact(q, k, v, scale, causal):
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ v.float()
+
+    def fake_run(r, q, k, v, o, scale, causal=False):
+        out = exact(q, k, v, scale, causal).to(o.dtype)
+        if r == "skips_a_tile":
+            out[:, :, 64:128] = float("nan")  # as if no CTA took that m-block: O keeps its poison
+        elif r == "no_mask":
+            out = exact(q, k, v, scale, False).to(o.dtype)
+        o.copy_(out)
+
+    monkeypatch.setattr(ab, "run_rung", fake_run)
+    monkeypatch.setattr(
+        ab, "sdpa", lambda q, k, v, scale, backend, causal=False: exact(q, k, v, scale, causal).to(q.dtype)
+    )
+    g = torch.Generator().manual_seed(0)
+    qkv = tuple(torch.randn(1, 2, 256, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    got = ab.output_check([("good", "good"), ("bad", "skips_a_tile"), ("nomask", "no_mask")], qkv, 0.125, True)
+    assert got["good"] == 0.0 and math.isnan(got["bad"]) and got["nomask"] > 1e-2
