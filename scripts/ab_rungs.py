@@ -14,8 +14,9 @@ FA4 is timed too when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
 flash and efficient backends on the same inputs), and TFLOP/s with the ratio to cuDNN measured in the same
-run. Before timing a shape, each implementation's output on its first input set (O poisoned with NaN) is compared
-with SDPA cuDNN's (``--no-check`` skips it): a variant that changes the work order or the tiles, causal ones
+run. Before timing a shape, the output of each of our implementations (the rungs and their variants; not FA4) on
+its first input set (O poisoned with NaN) is compared with SDPA cuDNN's (``--no-check`` skips it; the diagnostic
+variants, wrong on purpose, warn): a variant that changes the work order or the tiles, causal ones
 included, must still compute every row; the rel L2 goes into the JSON rows and a line after the tables.
 Writes everything as JSON to ``--out``.
 """

@@ -73,7 +73,7 @@ case "${1:-}" in
     else   # the top rung's feature and fp16 variants, then every rung from 10 to the top, plain
       bash scripts/device_job.sh sanitize features sanitize fp16 sanitize "$(seq -s ' ' 10 "$TOP")"; fi
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $((TOP - 2)),$((TOP - 1)),$TOP --causal --rounds 3 --no-errors \
-      --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -6
+      --shapes 16x16x1024,8x16x2048,4x16x4096,2x16x8192,1x16x16384 --out "$OUT/ab_causal.json" 2>&1 | tail -8
     ;;
   stage)   # stage q3 (carry .peers/q3): one part of FA4's wheels into /tmp/fa4, nothing else
     mkdir -p /tmp/fa4 && cp ".peers/${2:?stage which part, e.g. q3}"/* /tmp/fa4/ && ls /tmp/fa4
@@ -92,7 +92,7 @@ case "${1:-}" in
     args=(); for v in ${AB_VARIANTS-}; do
       d=${v#*=}; [ -d "${d%%@*}" ] && args+=(--variant "$v"); done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $((TOP - 2)),$((TOP - 1)),$TOP "${args[@]}" --rounds 3 \
-      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -12
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_variants.json" 2>&1 | tail -13
     if [ -n "${SKIP_NCU:-}" ]; then bash scripts/device_job.sh bench "--rounds 2"   # SKIP_NCU=1: the bench only
     else bash scripts/device_job.sh ncu "r$TOP rung$TOP 1x16x16384" ncu "fa4 fa4 1x16x16384" bench "--rounds 2"; fi
     ;;
@@ -110,9 +110,9 @@ case "${1:-}" in
     PYTHONPATH=. python3 scripts/make_variants.py .ab > /dev/null || exit 1
     vs=(--variant "l2p256=.ab/base@l2_promotion=256" --variant "l2p128=.ab/base@l2_promotion=128")
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 4 --no-errors \
-      --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -8
+      --shapes 16x16x1024,4x16x4096,1x16x16384,1x12x32760,1x40x75600,1x40x75600x512 --out "$OUT/ab_l2p.json" 2>&1 | tail -10
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --rounds 6 --no-errors --bshd \
-      --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -4
+      --shapes 1x12x32760,4x16x4096 --out "$OUT/ab_l2p_bshd.json" 2>&1 | tail -6
     ;;
   ab-d64)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
@@ -121,7 +121,7 @@ case "${1:-}" in
       --variant "n192s3=$b@block_n=192,kv_box_rows=192,NUM_STAGES=3" --variant "n128s3=$b@block_n=128,kv_box_rows=128,NUM_STAGES=3")
     for c in "" --causal; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
-        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -5
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_d64${c#--}.json" 2>&1 | tail -7
     done
     ;;
   ab-dims)   # (no carry, ~4 min; FA4 too if installed) the top rung's head_dim 64 and 256 tiles (thirteenth session):
@@ -134,9 +134,9 @@ case "${1:-}" in
       --variant "wg3n64pdb=$b@block_n=64,kv_box_rows=64,P_DOUBLE_BUFFER=1")
     for c in "" --causal; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP "${vs[@]}" --head-dim 64 --rounds 3 --no-errors $c \
-        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_dims_d64${c#--}.json" 2>&1 | tail -5
+        --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_dims_d64${c#--}.json" 2>&1 | tail -7
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "n80=$b@block_n=80,kv_box_rows=80" --head-dim 256 \
-        --rounds 3 --no-errors $c --shapes 4x8x4096,2x8x8192,1x8x16384 --out "$OUT/ab_dims_d256${c#--}.json" 2>&1 | tail -5
+        --rounds 3 --no-errors $c --shapes 4x8x4096,2x8x8192,1x8x16384 --out "$OUT/ab_dims_d256${c#--}.json" 2>&1 | tail -7
     done
     ;;
   ab-top)   # ab-top VARIANT (no carry, ~3 min): the top rung against make_variants.py's VARIANT of it (thirteenth session:
@@ -148,10 +148,10 @@ case "${1:-}" in
     [ -d ".ab/$v" ] || { echo "ab-top: make_variants.py wrote no variant $v"; exit 2; }
     for c in "" --causal; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --head-dim 64 --rounds 3 \
-        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_${v}_d64${c#--}.json" 2>&1 | tail -5
+        --no-errors $c --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_${v}_d64${c#--}.json" 2>&1 | tail -7
     done
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "$v=.ab/$v" --rounds 3 \
-      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -28
+      --shapes 16x16x1024,4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_$v.json" 2>&1 | tail -29
     ;;
   diag)
     shift
@@ -161,7 +161,7 @@ case "${1:-}" in
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant noload=.ab/noload --variant noexp=.ab/noexp \
       --variant nomax=.ab/nomax \
-      --rounds 3 --no-errors --clocks --out "$OUT/diag$(date +%H%M%S).json" "$@" 2>&1 | tail -12
+      --rounds 3 --no-errors --clocks --out "$OUT/diag$(date +%H%M%S).json" "$@" 2>&1 | tail -13
     ;;
   bshd)      # (no carry, ~2 min) issue 9's view/contiguous ratio with 6 interleaved rounds (one bench has 2-3)
     PYTHONPATH=. python3 -c "import json,sys; from attnclimb.bench.dropin import run_bshd_view
@@ -193,7 +193,7 @@ json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd
   ladder)   # (no carry, ~3-4 min) every step of issue 13's ladder in one process: rungs 9 to the top at the headline
             # shapes and Wan2.1-1.3B, 4 rounds (LADDER_ROUNDS), cuDNN beside them, the error table with every rung
     PYTHONPATH=. python3 scripts/ab_rungs.py --rungs "$(seq -s , 9 "$TOP")" --rounds "${LADDER_ROUNDS:-4}" \
-      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder.json" 2>&1 | tail -30
+      --shapes 4x16x4096,2x16x8192,1x16x16384,1x12x32760 --out "$OUT/ab_ladder.json" 2>&1 | tail -31
     ;;
   *) sed -n '2,/^set -uo/p' "$0" | grep '^#'; exit 2 ;;
 esac

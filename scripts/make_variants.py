@@ -209,6 +209,7 @@ def headpairs(src: str) -> str:
 #ifndef CAUSAL_TAIL_ROUNDS
 #define CAUSAL_TAIL_ROUNDS 2
 #endif
+            static_assert(CAUSAL_TAIL_ROUNDS >= 0, "whole rounds of pairs left to the tail");
             const causal_order::Tile ct =
                 causal_order::head_pairs_then_tail(tile, gridDim.x, bh_count, num_m_blocks, CAUSAL_TAIL_ROUNDS);
             w.bh = ct.head;
