@@ -113,13 +113,24 @@ def head_pairs_then_tail(work: int, grid: int, heads: int, nmb: int, tail_rounds
     u = wave * grid + (grid - 1 - c if (wave & 1) and (wave + 1) * grid <= rest else c)
     p0 = rounds * grid
     h0, j0 = divmod(p0, half) if half else (heads, 0)
-    for mb in range(nmb - 1, -1, -1):
-        j = min(mb, nmb - 1 - mb)
-        middle = nmb & 1 and mb == nmb // 2
-        cnt = heads if middle else heads - h0 - 1 + (j >= j0)
-        if u < cnt:
-            return (u, mb) if middle else ((h0 if j >= j0 else h0 + 1) + u, mb)
-        u -= cnt
+    a = heads - h0 - 1  # tail tiles of an m-block without head h0 (its pair index j < j0), b: with it
+    b = a + 1
+    n1, n2 = (j0 * a if a > 0 else 0), ((half - j0) * b if b > 0 else 0)
+    if u < n1:  # heaviest: j < j0
+        return h0 + 1 + u % a, nmb - 1 - u // a
+    u -= n1
+    if u < n2:  # upper half, j >= j0
+        return h0 + u % b, nmb - 1 - j0 - u // b
+    u -= n2
+    if nmb & 1:
+        if u < heads:  # the middle m-block of every head
+            return u, half
+        u -= heads
+    if u < n2:  # lower half, j >= j0
+        return h0 + u % b, half - 1 - u // b
+    u -= n2
+    if u < n1:  # lightest: j < j0
+        return h0 + 1 + u % a, j0 - 1 - u // a
     return heads, 0
 
 

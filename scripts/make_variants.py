@@ -146,18 +146,12 @@ struct Tile {
     int head, mb;  // index of the (batch, head) and the m-block
 };
 
-// Tiles of m-block mb left for the tail: every head's middle m-block (odd nmb), else the heads after h0 and h0
-// itself if its pair index j >= j0 (h0's pairs below j0 ran in the rounds).
-CAUSAL_ORDER_FN int tail_count(int mb, int nmb, int heads, int h0, int j0) {
-    if ((nmb & 1) && mb == nmb / 2) return heads;
-    const int j = mb < nmb - 1 - mb ? mb : nmb - 1 - mb;
-    return heads - h0 - 1 + (j >= j0 ? 1 : 0);
-}
-
 // Work w (CTA w % grid) -> its tile, for w < heads * nmb. Pairs inside each head: m-blocks nmb-1-j and j (j <
 // nmb/2), pair p = k*grid + c run by CTA c as works 2k*grid + c and (2k+1)*grid + c, for all but the last
 // `tail_rounds` whole rounds of pairs; the tiles left (and an odd nmb's middle m-blocks) then heaviest first
-// (m-block descending, head ascending), dealt in waves of `grid`, every other whole wave in reverse.
+// (m-block descending, head ascending), dealt in waves of `grid`, every other whole wave in reverse. The tail's
+// tiles of one m-block are the heads after h0 (a = heads - h0 - 1 of them), and h0 too where its pair index j >=
+// j0 (h0's pairs below j0 ran in the rounds), and every head for the middle m-block: five runs of equal counts.
 CAUSAL_ORDER_FN Tile head_pairs_then_tail(int work, int grid, int heads, int nmb, int tail_rounds) {
     const int half = nmb / 2;  // pairs per head
     int rounds = heads * half / grid - tail_rounds;
@@ -171,15 +165,19 @@ CAUSAL_ORDER_FN Tile head_pairs_then_tail(int work, int grid, int heads, int nmb
     const int rest = heads * nmb - w0, v = work - w0, wave = v / grid, c = v - wave * grid;
     int u = wave * grid + (((wave & 1) && (wave + 1) * grid <= rest) ? grid - 1 - c : c);
     const int p0 = rounds * grid, h0 = half ? p0 / half : heads, j0 = half ? p0 - h0 * half : 0;
-    for (int mb = nmb - 1; mb >= 0; --mb) {
-        const int cnt = tail_count(mb, nmb, heads, h0, j0);
-        if (u < cnt) {
-            if ((nmb & 1) && mb == nmb / 2) return {u, mb};
-            const int j = mb < nmb - 1 - mb ? mb : nmb - 1 - mb;
-            return {(j >= j0 ? h0 : h0 + 1) + u, mb};
-        }
-        u -= cnt;
+    const int a = heads - h0 - 1, b = a + 1;  // tiles per m-block without / with head h0
+    const int n1 = a > 0 ? j0 * a : 0, n2 = b > 0 ? (half - j0) * b : 0;
+    if (u < n1) return {h0 + 1 + u % a, nmb - 1 - u / a};  // heaviest: j < j0
+    u -= n1;
+    if (u < n2) return {h0 + u % b, nmb - 1 - j0 - u / b};  // upper half, j >= j0
+    u -= n2;
+    if (nmb & 1) {
+        if (u < heads) return {u, half};  // the middle m-block of every head
+        u -= heads;
     }
+    if (u < n2) return {h0 + u % b, half - 1 - u / b};  // lower half, j >= j0
+    u -= n2;
+    if (u < n1) return {h0 + 1 + u % a, j0 - 1 - u / a};  // lightest: j < j0
     return {heads, 0};  // past the last tile
 }
 }  // namespace causal_order

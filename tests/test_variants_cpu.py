@@ -266,6 +266,44 @@ ORDER_CASES = [  # (heads = batch·heads, m-blocks, grid): the bench's causal sh
 ]
 
 
+def _tail_by_scan(work, grid, heads, nmb, tail_rounds):
+    """The tail of the headpairs order by walking the m-blocks from the heaviest, counting each one's tiles left:
+    the definition that the closed form of causal_order.cuh (and the model's mirror) must reproduce."""
+    half = nmb // 2
+    rounds = max(0, heads * half // grid - tail_rounds)
+    w0 = 2 * rounds * grid
+    rest = heads * nmb - w0
+    wave, c = divmod(work - w0, grid)
+    u = wave * grid + (grid - 1 - c if (wave & 1) and (wave + 1) * grid <= rest else c)
+    h0, j0 = divmod(rounds * grid, half) if half else (heads, 0)
+    for mb in range(nmb - 1, -1, -1):
+        j, middle = min(mb, nmb - 1 - mb), nmb & 1 and mb == half
+        left = list(range(heads)) if middle else [h for h in range(h0, heads) if h > h0 or j >= j0]
+        if u < len(left):
+            return left[u], mb
+        u -= len(left)
+    raise AssertionError("past the last tile")
+
+
+def test_headpairs_closed_form_equals_the_scan():
+    model = _order_model()
+    for heads in range(1, 10):
+        for nmb in range(1, 10):
+            for grid in (1, 2, 3, 5, 8, 13):
+                for tail in (0, 1, 2, 4):
+                    half = nmb // 2
+                    w0 = 2 * max(0, heads * half // grid - tail) * grid
+                    for w in range(w0, heads * nmb):
+                        want = _tail_by_scan(w, grid, heads, nmb, tail)
+                        assert model.head_pairs_then_tail(w, grid, heads, nmb, tail) == want, (
+                            heads,
+                            nmb,
+                            grid,
+                            tail,
+                            w,
+                        )
+
+
 @pytest.mark.parametrize("tail_rounds", [0, 2, 5])
 def test_headpairs_order_visits_every_tile_once_and_matches_its_header(tmp_path, tail_rounds):
     """causal_order.cuh (compiled for the host) and the model's mirror give the same tile for every work, and
