@@ -1261,15 +1261,12 @@ def test_headline_defaults_to_the_schedule_rungs_and_both_peers():
     assert (run.CONTEST_WARMUP_MS, run.CONTEST_REP_MS) == (100.0, 400.0)
 
 
-def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
-    """scripts/ab_rungs.py: long_kv_FIELD=N changes that field of the long-K/V tiles only; an unknown field or a
-    rung without long-K/V tiles is an error, not a silent no-op; a rung in ``carriers`` is not timed, its variant is."""
-    pytest.importorskip("torch")
+def _load_ab_rungs(monkeypatch):
+    """scripts/ab_rungs.py as a module; the CPU CI has no triton (ab_rungs imports triton.testing): a stand-in."""
     import importlib.util
-    import sys
     import types
 
-    if importlib.util.find_spec("triton") is None:  # the CPU CI has no triton; ab_rungs imports triton.testing
+    if importlib.util.find_spec("triton") is None:
         fake = types.ModuleType("triton")
         fake.testing = types.ModuleType("triton.testing")
         monkeypatch.setitem(sys.modules, "triton", fake)
@@ -1279,6 +1276,16 @@ def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
     spec = importlib.util.spec_from_file_location("ab_rungs", rungs.KERNEL_DIR.parents[1] / "scripts" / "ab_rungs.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
+    return ab
+
+
+def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
+    """scripts/ab_rungs.py: long_kv_FIELD=N changes that field of the long-K/V tiles only; an unknown field or a
+    rung without long-K/V tiles is an error, not a silent no-op; a rung in ``carriers`` is not timed, its variant is."""
+    pytest.importorskip("torch")
+    from attnclimb import rungs
+
+    ab = _load_ab_rungs(monkeypatch)
     assert ab.overrides("long_kv_block_n=64,NUM_STAGES=3,block_n=176") == (
         {"long_kv_block_n": 64, "block_n": 176},
         {"NUM_STAGES": 3},
@@ -1385,20 +1392,7 @@ def test_ab_rungs_checks_every_output_against_cudnn(monkeypatch):
     compared with SDPA cuDNN's output; a variant that leaves a tile uncomputed gives NaN (and a warning), one that
     computes every row agrees to bf16 rounding."""
     torch = pytest.importorskip("torch")
-    import importlib.util
-    import sys
-    import types
-
-    if importlib.util.find_spec("triton") is None:
-        fake = types.ModuleType("triton")
-        fake.testing = types.ModuleType("triton.testing")
-        monkeypatch.setitem(sys.modules, "triton", fake)
-        monkeypatch.setitem(sys.modules, "triton.testing", fake.testing)
-    from attnclimb import rungs
-
-    spec = importlib.util.spec_from_file_location("ab_rungs", rungs.KERNEL_DIR.parents[1] / "scripts" / "ab_rungs.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = _load_ab_rungs(monkeypatch)
 
     def exact(q, k, v, scale, causal):
         s = scale * q.float() @ k.float().transpose(-1, -2)

@@ -558,12 +558,6 @@ def update_readme(readme, block: str) -> str | None:
 PAGE_BEGIN, PAGE_END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
-def _kernel_name(doc: dict, impl: str) -> str | None:
-    """The rung name in ``impl``'s row label (``"10 pingpong"`` -> ``"pingpong"``), ``None`` without one."""
-    number, _, name = _labels(doc).get(impl, "").partition(" ")
-    return name if number.isdigit() and name else None
-
-
 def rung_page_block(doc: dict, number: int, names: dict | None = None) -> str | None:
     """Markdown for rung ``number``'s page: its TFLOP/s and ×cuDNN next to the rung below, per shape, and
     the gain; ``None`` when the results hold no row for this rung.
@@ -573,16 +567,15 @@ def rung_page_block(doc: dict, number: int, names: dict | None = None) -> str | 
     was ``pingpong``, today's is ``persistent_epilogue``) never fill a page of the kernel that now has that
     number; a rung without a row of its own kernel gets no block, and a rung below without one "—"."""
     me, below = f"rung{number:02d}", f"rung{number - 1:02d}"
+    labels = _labels(doc)
 
-    def same_kernel(impl, n):
-        label = _kernel_name(doc, impl)
-        return names is None or n not in names or label is None or label == names[n]
+    def own_kernel(impl, n):  # the row label ("10 pingpong") names rung n's kernel of today, or names none
+        num, _, name = labels.get(impl, "").partition(" ")
+        return names is None or n not in names or not (num.isdigit() and name) or name == names[n]
 
-    rows = [
-        r for r in doc["rows"] if _rung_number(r["impl"]) is None or same_kernel(r["impl"], _rung_number(r["impl"]))
-    ]
-    by = {(r["impl"], r["shape"]): r for r in rows}
-    if not any(r["impl"] == me for r in rows):
+    kept = {impl for impl, n in ((me, number), (below, number - 1)) if own_kernel(impl, n)}
+    by = {(r["impl"], r["shape"]): r for r in doc["rows"] if r["impl"] in kept}
+    if not any(impl == me for impl, _ in by):
         return None
     cols = _columns(doc)
     fa4 = has_fa4_ratios(doc)
