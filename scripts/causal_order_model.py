@@ -46,6 +46,12 @@ def by_pairs(heads: int, nmb: int, seqlen_k: int, head_dim: int, block_m: int, g
     return kv_bytes > l2_bytes and heads * nmb >= 2 * grid
 
 
+def pair_tile(tile: int, nmb: int) -> tuple:
+    """The kernel's ``work_of`` in the pair order: tile -> ``(head, mb)``, m-blocks nmb-1, 0, nmb-2, 1, ... per head."""
+    bh, r = divmod(tile, nmb)
+    return bh, r >> 1 if r & 1 else nmb - 1 - (r >> 1)
+
+
 def kernel_order(heads: int, nmb: int, pairs: bool, grid: int) -> list:
     """``(work, head, mb)`` for every work index a CTA visits before its first tile >= num_tiles (the kernel's
     loop): work ``w`` runs on CTA ``w % grid``."""
@@ -62,8 +68,7 @@ def kernel_order(heads: int, nmb: int, pairs: bool, grid: int) -> list:
             if tile >= n:
                 break
             if pairs:
-                bh, r = divmod(tile, nmb)
-                mb = r >> 1 if r & 1 else nmb - 1 - (r >> 1)
+                bh, mb = pair_tile(tile, nmb)
             else:
                 bh, mb = tile % heads, nmb - 1 - tile // heads
             out.append((work, bh, mb))
@@ -81,12 +86,10 @@ def pairs_then_snake(heads: int, nmb: int, grid: int, tail_rounds: int = 3) -> l
     for c in range(grid):
         for wave in range(2 * rounds):
             tile = 2 * (c + (wave >> 1) * grid) + (wave & 1)
-            bh, r = divmod(tile, nmb)
-            out.append((c + wave * grid, bh, r >> 1 if r & 1 else nmb - 1 - (r >> 1)))
+            out.append((c + wave * grid, *pair_tile(tile, nmb)))
     rest = []
     for tile in range(w0, n):
-        bh, r = divmod(tile, nmb)
-        rest.append((bh, r >> 1 if r & 1 else nmb - 1 - (r >> 1)))
+        rest.append(pair_tile(tile, nmb))
     rest.sort(key=lambda t: (-t[1], t[0]))
     for u, (bh, mb) in enumerate(rest):
         wave, c = divmod(u, grid)
