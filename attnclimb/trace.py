@@ -330,12 +330,10 @@ def launched_variant(rung: rungs.Rung, seqlen_k: int, causal: bool = False, head
     from ``Rung.long_kv``'s bound), with ``rung``'s own macros (``TRACE=1`` ...) kept; ``rung`` itself when
     none applies. Its ``threads`` give the trace buffer's warpgroups. ``ValueError`` when ``rung`` lacks the
     feature or head_dim."""
-    from .runtime.launch import feature_variant
+    from .runtime.launch import launch_variant
 
     head_dim = rung.head_dim if head_dim is None else head_dim
-    if not causal and head_dim == rung.head_dim and not rung.takes_long_kv(seqlen_k):
-        return rung
-    return feature_variant(rung, causal, False, False, head_dim=head_dim, seqlen_k=seqlen_k)
+    return launch_variant(rung, causal, False, False, False, head_dim, seqlen_k)
 
 
 def run_trace(

@@ -540,6 +540,17 @@ class _Plan:
             _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
 
 
+def launch_variant(
+    rung: Rung, causal: bool, gqa: bool, lse: bool, strided: bool, head_dim: int, seqlen_k: int, fp16: bool = False
+) -> Rung:
+    """The build that :func:`run_rung` launches for a call with these properties: ``rung`` itself when none of
+    them needs a compile-time variant, else :func:`feature_variant`'s (memoised: the same object each time, so
+    the same loaded module). ``ValueError`` when ``rung`` lacks one of them."""
+    if causal or gqa or lse or strided or head_dim != rung.head_dim or fp16 or rung.takes_long_kv(seqlen_k):
+        return feature_variant(rung, causal, gqa, lse, strided, head_dim, seqlen_k, fp16)
+    return rung
+
+
 def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
     """``(variant, strided)``: the checks of :func:`run_rung` and the compile-time variant it launches."""
     if 0 in q.shape or 0 in k.shape:  # a kernel would wait forever for a K tile that is never loaded
@@ -552,16 +563,7 @@ def _checked_variant(rung: Rung, q, k, v, o, causal: bool, lse) -> tuple:
     if not (q.dtype == k.dtype == v.dtype == o.dtype):
         raise ValueError(f"q, k, v, o must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {o.dtype}")
     fp16 = _is_fp16(q)
-    if (
-        causal
-        or gqa
-        or lse is not None
-        or strided
-        or head_dim != rung.head_dim
-        or fp16
-        or rung.takes_long_kv(k.shape[2])
-    ):
-        rung = feature_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2], fp16)
+    rung = launch_variant(rung, bool(causal), gqa, lse is not None, strided, head_dim, k.shape[2], fp16)
     if strided:
         _check_strided(q, k, v, o)
     return rung, strided
