@@ -2,7 +2,8 @@
 
 ``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...]
 [--rungs 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g.
-from ``git archive``) and any ``.cuh`` they include that the package lacks. Each file is copied beside the kernels as
+from ``git archive``) and any ``.cuh`` they include that the package lacks (one the package has must be the same
+file: a variant cannot change a shared header, the build would read the package's). Each file is copied beside the kernels as
 ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
 same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
 ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
@@ -77,8 +78,11 @@ def variants(specs, numbers, carriers=()):
         d, _, over = d.partition("@")  # LABEL=DIR@block_n=176,kv_box_rows=176,NUM_STAGES=3
         dirs.append((label, Path(d), *overrides(over)))
         for hdr in Path(d).glob("*.cuh"):
-            if not (rungs.KERNEL_DIR / hdr.name).exists():
-                shutil.copyfile(hdr, rungs.KERNEL_DIR / hdr.name)
+            mine = rungs.KERNEL_DIR / hdr.name
+            if not mine.exists():
+                shutil.copyfile(hdr, mine)
+            elif mine.read_bytes() != hdr.read_bytes():  # the variant would build against the package's header
+                raise SystemExit(f"ab_rungs: variant {label!r}: {hdr} differs from the package's {mine.name}")
     for n in numbers:
         new = rungs.get(n)
         for label, d, fields, defines in dirs:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 from attnclimb.bench import peers, report, run, shapes, timing
 from attnclimb.rungs import RUNGS, TOP
@@ -1271,12 +1272,7 @@ def _load_ab_rungs(monkeypatch):
         fake.testing = types.ModuleType("triton.testing")
         monkeypatch.setitem(sys.modules, "triton", fake)
         monkeypatch.setitem(sys.modules, "triton.testing", fake.testing)
-    from attnclimb import rungs
-
-    spec = importlib.util.spec_from_file_location("ab_rungs", rungs.KERNEL_DIR.parents[1] / "scripts" / "ab_rungs.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
-    return ab
+    return load_script("ab_rungs")
 
 
 def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
@@ -1331,13 +1327,8 @@ def test_after_device_names_files_by_card(monkeypatch, tmp_path):
     """scripts/after_device.py: an A/B's file is named by the commit and card in its meta, and a bench from a card
     other than the H200 goes beside the A/Bs, never to latest.json (the README's table is an H200 run)."""
     import datetime as dt
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "after_device", Path(__file__).parents[1] / "scripts" / "after_device.py"
-    )
-    ad = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ad)
+    ad = load_script("after_device")
     assert ad.device_slug("NVIDIA H200") == "h200" and ad.device_slug("NVIDIA H100 80GB HBM3") == "h100"
     assert ad.device_slug(None) == "gpu"
     root, out = tmp_path / "repo", tmp_path / "out"
@@ -1385,6 +1376,33 @@ def test_rung_pages_say_when_their_measured_block_is_not_the_h200s():
         assert noted == ("H100" in caption), (
             f"{r.page}: caption {caption[:60]!r}, H100 note {'present' if noted else 'absent'}"
         )
+
+
+def test_ab_rungs_variant_headers(monkeypatch, tmp_path):
+    """scripts/ab_rungs.py: a variant's header the package lacks is copied beside the kernels; one the package has
+    must be the same file, else the variant would silently build against the package's copy."""
+    pytest.importorskip("torch")
+    from attnclimb import rungs
+
+    ab = _load_ab_rungs(monkeypatch)
+    top = rungs.TOP
+    (tmp_path / top.source.name).write_text(top.source.read_text())
+    mine = rungs.KERNEL_DIR / "common.cuh"
+    (tmp_path / "common.cuh").write_bytes(mine.read_bytes())  # the same file: fine
+    new = rungs.KERNEL_DIR / "zz_test_variant_only.cuh"
+    (tmp_path / new.name).write_text("// a variant's own header\n")
+    out = []
+    try:
+        out = ab.variants([f"v={tmp_path}"], [top.number])
+        assert new.read_text() == "// a variant's own header\n"
+        (tmp_path / "common.cuh").write_bytes(mine.read_bytes() + b"// changed\n")
+        with pytest.raises(SystemExit, match="differs from the package's common.cuh"):
+            ab.variants([f"w={tmp_path}"], [top.number])
+    finally:
+        new.unlink(missing_ok=True)
+        for _, r in out:
+            if r is not top:
+                r.source.unlink(missing_ok=True)
 
 
 def test_ab_rungs_checks_every_output_against_cudnn(monkeypatch):

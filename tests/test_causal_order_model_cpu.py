@@ -1,18 +1,14 @@
 """scripts/causal_order_model.py: its mirror of the top rung's causal tile order visits every tile once, follows
 the kernel's source, and ranks the orders as the bench's causal shapes need (CPU only)."""
 
-import importlib.util
 import itertools
 
 import pytest
+from scripts_loader import load_script
 
 from attnclimb import rungs
 
-_spec = importlib.util.spec_from_file_location(
-    "causal_order_model", rungs.KERNEL_DIR.parent.parent / "scripts" / "causal_order_model.py"
-)
-model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(model)
+model = load_script("causal_order_model")
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,13 @@
 page with the chart, and links that leave docs/ are rewritten. Skipped when MkDocs is not installed
 (``pip install -e ".[docs]"``; .ci/run installs it)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 pytest.importorskip("mkdocs")
 pytest.importorskip("material")
@@ -17,10 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _hooks():
-    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "scripts" / "mkdocs_hooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("mkdocs_hooks")
 
 
 def test_site_builds_strict(tmp_path):

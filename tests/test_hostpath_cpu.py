@@ -4,7 +4,6 @@
 stubs it (its ``stubbed_gpu``; so these tests also keep that harness working)."""
 
 import ctypes
-import importlib.util
 import re
 import threading
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scripts_loader import load_script
 
 import attnclimb
 from attnclimb import ops, rungs, sdpa
@@ -21,9 +21,7 @@ from attnclimb.runtime import launch, packed
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = torch.bfloat16
-_spec = importlib.util.spec_from_file_location("host_overhead_cpu", ROOT / "scripts" / "host_overhead_cpu.py")
-hoc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hoc)
+hoc = load_script("host_overhead_cpu")
 
 
 def _t(*shape, dtype=BF16, seed=0):

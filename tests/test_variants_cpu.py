@@ -2,12 +2,12 @@
 that the generator no longer recognises fails here (not on the GPU), and each variant compiles for sm_90a without
 spills."""
 
-import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 from attnclimb import rungs
 from attnclimb.runtime.compiler import SERIALIZED_WGMMA, compile_rung, compile_source
@@ -34,10 +34,7 @@ VARIANTS = {
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("make_variants", ROOT / "scripts" / "make_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("make_variants")
 
 
 def _no_spills(c):
@@ -247,10 +244,7 @@ def test_sonlytop_moves_the_loop_arrival_after_issuing_s(tmp_path, build):
 
 
 def _order_model():
-    spec = importlib.util.spec_from_file_location("causal_order_model", ROOT / "scripts" / "causal_order_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("causal_order_model")
 
 
 ORDER_CASES = [  # (heads = batch·heads, m-blocks, grid): the bench's causal shapes and small odd ones
