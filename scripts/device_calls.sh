@@ -7,11 +7,13 @@
 #                                           three rungs causal
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets
 #                                           of the rungs below the top that have them (10-15; long K/V 12-15)
-#   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers)
+#   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers);
+#                                           `stage x1` (carry .peers/x1): the first half of scripts/pack_peers.sh's FA4
 #   bash scripts/device_calls.sh peers      carry .peers/q4:  install FA4, A/B of the top three rungs and
 #                                           AB_VARIANTS, with FA4 in the same run, ncu of the top rung and FA4,
 #                                           the full bench
-#   bash scripts/device_calls.sh peers-bench  carry .peers/q4: install FA4 and run the full bench only (no A/B, no ncu)
+#   bash scripts/device_calls.sh peers-bench  carry .peers/q4 (or .peers/x2 after `stage x1`): install FA4 and run the
+#                                           full bench only (no A/B, no ncu)
 #   bash scripts/device_calls.sh capstone   (FA4 installed by `peers`; carry .peers/video): docs/capstone.md
 #   bash scripts/device_calls.sh ab-l2      (no carry, ~2 min) the top rung against itself with TMA maps that
 #                                           fill L2 in 256-B / 128-B units (Rung.l2_promotion), on contiguous
@@ -32,7 +34,10 @@
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~3 min) causal tile order: pairs (today) vs the snake
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
-# With little device time (each failed start costs 90-180 s): issue 13's H200 steps in four back-to-back calls, FA4
+# With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
+# back-to-back calls: (1) carry .peers/x1: `bash $D stage x1 && bash $D ladder; bash $D ab-causal-order` (~7 min);
+# (2) carry .peers/x2: `bash $D peers-bench` (~5 min); then, no carry, the trace tests, trace-d64 and the sanitizers of
+# the top rung's feature and fp16 sets. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
 # bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
@@ -53,9 +58,18 @@ set -uo pipefail
 export ATTNCLIMB_GIT_COMMIT OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
 TOP=$(PYTHONPATH=. python3 -c "from attnclimb import rungs; print(rungs.TOP.number)")
 fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
-# The fourth call's step: .peers/q4 joined to the parts already in /tmp/fa4, the split wheel put back together, all
-# installed into /tmp/site (put on PYTHONPATH with fa4_path). Prints why when it fails; the caller goes on without FA4.
+# The last FA4 call's step, into /tmp/site (put on PYTHONPATH with fa4_path); prints why when it fails and the caller
+# goes on without FA4. With .peers/x2 carried (scripts/pack_peers.sh; `stage x1` one call before): the two halves of
+# the packed site checked against their SHA-256 and unpacked. Else .peers/q4 joined to q1-q3 already in /tmp/fa4, the
+# split wheel put back together, all installed with pip.
 install_fa4() {
+  if [ -d .peers/x2 ]; then
+    cp .peers/x2/* /tmp/fa4/ && (cd /tmp/fa4 && sha256sum -c --quiet SHA256SUMS && mkdir -p /tmp/site &&
+      cat fa4site.tar.xz.aa fa4site.tar.xz.ab | python3 -c "import sys, tarfile
+tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/site', filter='fully_trusted')" && rm fa4site.tar.xz.*) ||
+      echo "FA4 unpack failed: $1"
+    return
+  fi
   cp .peers/q4/* /tmp/fa4/ && (cd /tmp/fa4 && cat cu13part.aa cu13part.ab cu13part.ac cu13part.ad > "$(cat WHEEL_NAME)" &&
     rm cu13part.* WHEEL_NAME && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl) ||
     echo "FA4 install failed: $1"
@@ -156,7 +170,7 @@ case "${1:-}" in
   diag)
     shift
     mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3; do [ -d $q ] && cp $q/* /tmp/fa4/; done
-    [ -d .peers/q4 ] && install_fa4 "the diagnostics run without it"
+    { [ -d .peers/q4 ] || [ -d .peers/x2 ]; } && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
     PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant noload=.ab/noload --variant noexp=.ab/noexp \
