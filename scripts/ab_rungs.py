@@ -1,17 +1,17 @@
 """A/B on the GPU: the rungs of this checkout against other versions of the same rungs, in one process.
 
-``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...]
-[--rungs 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g.
-from ``git archive``) and any ``.cuh`` they include that the package lacks (one the package has must be the same
-file: a variant cannot change a shared header, the build would read the package's). Each file is copied beside the kernels as
-``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions run in the
-same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After ``@``,
-``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
-macros (``NUM_STAGES``) override the rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles
-to N keys, and ``long_kv_FIELD=N`` (``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
-implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim 64`` on that head_dim (the top
-rung's ``head_dims`` variant, with a variant's overrides on top of its tiles; the error table stays at 128).
-FA4 is timed too when it is importable.
+``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...] [--rungs
+4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
+and any ``.cuh`` they include that the package lacks (one the package has must be the same file: a variant cannot
+change a shared header, the build would read the package's; the copies are removed at the end). Each file is copied
+beside the kernels as ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions
+run in the same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After
+``@``, ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
+macros (``NUM_STAGES``) override the rung's own; ``long_kv_from=N`` moves the bound of the rung's long-K/V tiles to N
+keys, and ``long_kv_FIELD=N`` (``long_kv_block_n=64``) changes a field of those tiles only. ``--bshd`` times every
+implementation on BSHD views (the top rung's STRIDED variant), ``--head-dim 64`` on that head_dim (the top rung's
+``head_dims`` variant, with a variant's overrides on top of its tiles; the error table stays at 128). FA4 is timed too
+when it is importable.
 
 Prints two tables: rel-L2 error against float64 on issue 6's far-offset inputs (with torch SDPA's cuDNN,
 flash and efficient backends on the same inputs), and TFLOP/s with the ratio to cuDNN measured in the same
@@ -69,6 +69,9 @@ def overrides(spec):
     return fields, defines
 
 
+COPIED_HEADERS = []  # variants' headers copied beside the kernels by variants(); removed when the run ends
+
+
 def variants(specs, numbers, carriers=()):
     """(label, Rung) of every rung in ``numbers`` and of each variant of it; a rung in ``carriers`` only carries its
     variants (its own build is not timed)."""
@@ -81,6 +84,7 @@ def variants(specs, numbers, carriers=()):
             mine = rungs.KERNEL_DIR / hdr.name
             if not mine.exists():
                 shutil.copyfile(hdr, mine)
+                COPIED_HEADERS.append(mine)
             elif mine.read_bytes() != hdr.read_bytes():  # the variant would build against the package's header
                 raise SystemExit(f"ab_rungs: variant {label!r}: {hdr} differs from the package's {mine.name}")
     for n in numbers:
@@ -336,4 +340,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # a header left beside the kernels would enter every rung's build-cache key
+        for h in COPIED_HEADERS:
+            h.unlink(missing_ok=True)

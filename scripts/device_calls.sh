@@ -9,7 +9,7 @@
 #                                           of the rungs below the top that have them (10-15; long K/V 12-15)
 #   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers);
 #                                           `stage x1` (carry .peers/x1): the first half of scripts/pack_peers.sh's FA4
-#   bash scripts/device_calls.sh peers      carry .peers/q4:  install FA4, A/B of the top three rungs and
+#   bash scripts/device_calls.sh peers      carry .peers/q4 (or x2):  install FA4, A/B of the top three rungs and
 #                                           AB_VARIANTS, with FA4 in the same run, ncu of the top rung and FA4,
 #                                           the full bench
 #   bash scripts/device_calls.sh peers-bench  carry .peers/q4 (or .peers/x2 after `stage x1`): install FA4 and run the
@@ -21,8 +21,8 @@
 #   bash scripts/device_calls.sh ab-d64     (no carry, ~3 min) head_dim 64 (issue 8: d64 >= cuDNN): the top rung's
 #                                           d64 variant against BLOCK_N 192, 3 stages, both, and BLOCK_N 128 with
 #                                           3 stages, non-causal and causal; FA4 too if an earlier call installed it
-#   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1-q4 in turn: stages that FA4 part; FA4 is
-#                                           timed once q4 is in) the diagnostics noload / noexp / nomax (make_variants.py,
+#   bash scripts/device_calls.sh diag [ARGS]  (carry any of .peers/q1-q4 or x1, x2 in turn: stages that FA4 part; FA4
+#                                           is timed once q4 or x2 is in) the diagnostics noload / noexp / nomax (make_variants.py,
 #                                           wrong results, timing only) against the top rung, cuDNN (and FA4) with the SM
 #                                           clock and power sampled; ARGS go to ab_rungs.py (e.g. --head-dim 64)
 #   bash scripts/device_calls.sh ab-dims    (no carry, ~4 min) head_dim 64 / 256 tiles of the top rung (thirteenth session)
@@ -63,10 +63,12 @@ fa4_path=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site
 # the packed site checked against their SHA-256 and unpacked. Else .peers/q4 joined to q1-q3 already in /tmp/fa4, the
 # split wheel put back together, all installed with pip.
 install_fa4() {
+  if [ -d /tmp/site/flash_attn ]; then echo "FA4 already in /tmp/site"; return; fi
   if [ -d .peers/x2 ]; then
+    [ -f /tmp/fa4/fa4site.tar.xz.aa ] || { echo "FA4 unpack failed: no first half (run \`stage x1\` with .peers/x1 carried one call before): $1"; return; }
     cp .peers/x2/* /tmp/fa4/ && (cd /tmp/fa4 && sha256sum -c --quiet SHA256SUMS && mkdir -p /tmp/site &&
       cat fa4site.tar.xz.aa fa4site.tar.xz.ab | python3 -c "import sys, tarfile
-tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/site', filter='fully_trusted')" && rm fa4site.tar.xz.*) ||
+tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/site', filter='data')" && rm fa4site.tar.xz.*) ||
       echo "FA4 unpack failed: $1"
     return
   fi
@@ -169,7 +171,7 @@ case "${1:-}" in
     ;;
   diag)
     shift
-    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3; do [ -d $q ] && cp $q/* /tmp/fa4/; done
+    mkdir -p /tmp/fa4; for q in .peers/q1 .peers/q2 .peers/q3 .peers/x1; do [ -d $q ] && cp $q/* /tmp/fa4/; done
     { [ -d .peers/q4 ] || [ -d .peers/x2 ]; } && install_fa4 "the diagnostics run without it"
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1

@@ -7,6 +7,7 @@
 # with .peers/x2 carried (peers, peers-bench, diag) unpack it into /tmp/site; no pip runs on the device.
 # Takes ~3 min (xz -9e on 275 MB).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat .peers/p1/cu13part.aa .peers/p2/cu13part.ab > "$tmp/$(cat .peers/p2/WHEEL_NAME)"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/site" --python-version 3.12 \
@@ -17,3 +18,6 @@ split -n 2 "$tmp/fa4site.tar.xz" "$tmp/fa4site.tar.xz."
 rm -rf .peers/x1 .peers/x2; mkdir -p .peers/x1 .peers/x2
 mv "$tmp/fa4site.tar.xz.aa" .peers/x1/; mv "$tmp/fa4site.tar.xz.ab" "$tmp/SHA256SUMS" .peers/x2/
 du -sb .peers/x1 .peers/x2
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1); half=$(du -sb .peers/x2 | cut -f1)
+echo "tracked tree $tree B + one half $half B = $((tree + half)) B of the 67108864 B a call carries"
+[ $((tree + half)) -lt 67108864 ] || { echo "pack_peers: too big for one call; split in three"; exit 1; }
