@@ -35,9 +35,11 @@
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
-# back-to-back calls: (1) carry .peers/x1: `bash $D stage x1 && bash $D ladder; bash $D ab-causal-order` (~7 min);
-# (2) carry .peers/x2: `bash $D peers-bench` (~5 min); then, no carry, the trace tests, trace-d64 and the sanitizers of
-# the top rung's feature and fp16 sets. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
+# back-to-back calls, the bench first (the twenty-second session lost 1 550 s of its 1 800 to 15 failed starts, so
+# keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
+# `bash $D peers-bench; bash $D ladder; bash $D ab-causal-order` (~11 min: the bench's files come back even if the
+# limit cuts the rest); then, no carry, the trace tests, trace-d64 and the sanitizers of the top rung's feature and
+# fp16 sets. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
 # bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
