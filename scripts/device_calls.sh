@@ -35,7 +35,7 @@
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
-# back-to-back calls, the bench first (the twenty-second session lost 1 550 s of its 1 800 to 15 failed starts, so
+# back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
 # `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
 # the ladder); (3) no carry: `bash $D ab-causal-order; bash $D trace-d64`; then the trace tests and the sanitizers of
