@@ -52,6 +52,19 @@ def pair_tile(tile: int, nmb: int) -> tuple:
     return bh, r >> 1 if r & 1 else nmb - 1 - (r >> 1)
 
 
+def snake(v: int, grid: int, count: int) -> int:
+    """Slot ``v`` of ``count`` slots dealt in waves of ``grid``, every other whole wave reversed (the kernel's
+    snake, and the tails of the orders below): ``v`` itself, or its mirror inside an odd whole wave. Its own
+    inverse."""
+    wave, c = divmod(v, grid)
+    return wave * grid + (grid - 1 - c) if (wave & 1) and (wave + 1) * grid <= count else v
+
+
+def head_pair_rounds(heads: int, nmb: int, grid: int, tail_rounds: int) -> int:
+    """Whole rounds of in-head pairs (``grid`` pairs, two works each) before :func:`head_pairs_then_tail`'s tail."""
+    return max(0, heads * (nmb // 2) // grid - tail_rounds)
+
+
 def kernel_order(heads: int, nmb: int, pairs: bool, grid: int) -> list:
     """``(work, head, mb)`` for every work index a CTA visits before its first tile >= num_tiles (the kernel's
     loop): work ``w`` runs on CTA ``w % grid``."""
@@ -64,7 +77,7 @@ def kernel_order(heads: int, nmb: int, pairs: bool, grid: int) -> list:
             if pairs:
                 tile = 2 * (cc + (wave >> 1) * grid) + (wave & 1)
             else:
-                tile = wave * grid + (grid - 1 - cc) if (wave & 1) and (wave + 1) * grid <= n else work
+                tile = snake(work, grid, n)
             if tile >= n:
                 break
             if pairs:
@@ -92,9 +105,7 @@ def pairs_then_snake(heads: int, nmb: int, grid: int, tail_rounds: int = 3) -> l
         rest.append(pair_tile(tile, nmb))
     rest.sort(key=lambda t: (-t[1], t[0]))
     for u, (bh, mb) in enumerate(rest):
-        wave, c = divmod(u, grid)
-        cta = grid - 1 - c if (wave & 1) and (wave + 1) * grid <= len(rest) else c
-        out.append((w0 + wave * grid + cta, bh, mb))
+        out.append((w0 + snake(u, grid, len(rest)), bh, mb))
     return out
 
 
@@ -104,16 +115,14 @@ def head_pairs_then_tail(work: int, grid: int, heads: int, nmb: int, tail_rounds
     inside each head for all but the last ``tail_rounds`` whole rounds of pairs, the rest (with an odd ``nmb``'s
     middle m-blocks) heaviest-first in a snake."""
     half = nmb // 2
-    rounds = max(0, heads * half // grid - tail_rounds)
+    rounds = head_pair_rounds(heads, nmb, grid, tail_rounds)
     w0 = 2 * rounds * grid
     if work < w0:
         wave, c = divmod(work, grid)
         p = (wave >> 1) * grid + c
         head, j = divmod(p, half)
         return head, j if wave & 1 else nmb - 1 - j
-    rest = heads * nmb - w0
-    wave, c = divmod(work - w0, grid)
-    u = wave * grid + (grid - 1 - c if (wave & 1) and (wave + 1) * grid <= rest else c)
+    u = snake(work - w0, grid, heads * nmb - w0)
     p0 = rounds * grid
     h0, j0 = divmod(p0, half) if half else (heads, 0)
     a = heads - h0 - 1  # tail tiles of an m-block without head h0 (its pair index j < j0), b: with it

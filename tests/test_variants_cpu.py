@@ -260,15 +260,13 @@ ORDER_CASES = [  # (heads = batch·heads, m-blocks, grid): the bench's causal sh
 ]
 
 
-def _tail_by_scan(work, grid, heads, nmb, tail_rounds):
+def _tail_by_scan(model, work, grid, heads, nmb, tail_rounds):
     """The tail of the headpairs order by walking the m-blocks from the heaviest, counting each one's tiles left:
     the definition that the closed form of causal_order.cuh (and the model's mirror) must reproduce."""
     half = nmb // 2
-    rounds = max(0, heads * half // grid - tail_rounds)
+    rounds = model.head_pair_rounds(heads, nmb, grid, tail_rounds)
     w0 = 2 * rounds * grid
-    rest = heads * nmb - w0
-    wave, c = divmod(work - w0, grid)
-    u = wave * grid + (grid - 1 - c if (wave & 1) and (wave + 1) * grid <= rest else c)
+    u = model.snake(work - w0, grid, heads * nmb - w0)
     h0, j0 = divmod(rounds * grid, half) if half else (heads, 0)
     for mb in range(nmb - 1, -1, -1):
         j, middle = min(mb, nmb - 1 - mb), nmb & 1 and mb == half
@@ -285,10 +283,9 @@ def test_headpairs_closed_form_equals_the_scan():
         for nmb in range(1, 10):
             for grid in (1, 2, 3, 5, 8, 13):
                 for tail in (0, 1, 2, 4):
-                    half = nmb // 2
-                    w0 = 2 * max(0, heads * half // grid - tail) * grid
+                    w0 = 2 * model.head_pair_rounds(heads, nmb, grid, tail) * grid
                     for w in range(w0, heads * nmb):
-                        want = _tail_by_scan(w, grid, heads, nmb, tail)
+                        want = _tail_by_scan(model, w, grid, heads, nmb, tail)
                         assert model.head_pairs_then_tail(w, grid, heads, nmb, tail) == want, (
                             heads,
                             nmb,
