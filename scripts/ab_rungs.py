@@ -3,7 +3,7 @@
 ``python scripts/ab_rungs.py --variant before=DIR [--variant LABEL=DIR[@block_n=176,NUM_STAGES=3] ...] [--rungs
 4,5,6,7,8] [--out FILE]``: each ``DIR`` holds other copies of kernel files (``NN_name.cu``, e.g. from ``git archive``)
 and any ``.cuh`` they include that the package lacks (one the package has must be the same file: a variant cannot
-change a shared header, the build would read the package's; the copies are removed at the end). Each file is copied
+change a shared header, the build would read the package's). Each file is copied
 beside the kernels as ``NN_name_LABEL.cu`` and built as a rung of its own with the same tile macros, so all versions
 run in the same process, on the same inputs, interleaved (a, b, a, b) so that clock drift hits them alike. After
 ``@``, ``Rung`` fields (``block_n``, ``kv_box_rows``, ``l2_promotion``, ``smem_layout=tma_ring_staged_o``) and ``-D``
@@ -69,7 +69,14 @@ def overrides(spec):
     return fields, defines
 
 
-COPIED_HEADERS = []  # variants' headers copied beside the kernels by variants(); removed when the run ends
+COPIED = []  # what variants() copied beside the kernels (headers, NN_name_LABEL.cu); cleanup() removes it
+
+
+def cleanup():
+    """Remove the files variants() copied beside the kernels; ``__main__`` calls it however the run ends (a header
+    or source left there would enter every rung's build-cache key and the next checkout's ``git status``)."""
+    while COPIED:
+        COPIED.pop().unlink(missing_ok=True)
 
 
 def variants(specs, numbers, carriers=()):
@@ -84,7 +91,7 @@ def variants(specs, numbers, carriers=()):
             mine = rungs.KERNEL_DIR / hdr.name
             if not mine.exists():
                 shutil.copyfile(hdr, mine)
-                COPIED_HEADERS.append(mine)
+                COPIED.append(mine)
             elif mine.read_bytes() != hdr.read_bytes():  # the variant would build against the package's header
                 raise SystemExit(f"ab_rungs: variant {label!r}: {hdr} differs from the package's {mine.name}")
     for n in numbers:
@@ -107,6 +114,7 @@ def variants(specs, numbers, carriers=()):
                     new, name=f"{new.name}_{label}", extra_defines=extra, head_dims=dims, **fields
                 )
                 shutil.copyfile(src, other.source)
+                COPIED.append(other.source)
                 out.append((f"{new.key}-{label}", other))
         if n not in carriers:
             out.append((f"{new.key}", new))
@@ -334,14 +342,10 @@ def main():
                         f"{r[x + '_mhz']:5.0f}/{r[x + '_watts']:3.0f} {r[x] / r[x + '_mhz'] * 1e3:4.0f}" for x in labels
                     )
                 )
-    for _, r in impls:
-        if r is not rungs.get(r.number):
-            r.source.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
     try:
         main()
-    finally:  # a header left beside the kernels would enter every rung's build-cache key
-        for h in COPIED_HEADERS:
-            h.unlink(missing_ok=True)
+    finally:
+        cleanup()

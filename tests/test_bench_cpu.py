@@ -1291,31 +1291,29 @@ def test_ab_rungs_long_kv_overrides(monkeypatch, tmp_path):
     top = rungs.TOP
     src = tmp_path / top.source.name
     src.write_text(top.source.read_text())
-    out = ab.variants([f"k64={tmp_path}@long_kv_block_n=64,long_kv_kv_box_rows=64"], [top.number])
+    copy = rungs.KERNEL_DIR / f"{top.source.stem}_v.cu"
     try:
+        out = ab.variants([f"k64={tmp_path}@long_kv_block_n=64,long_kv_kv_box_rows=64"], [top.number])
         (label, v), (_, plain) = out
         assert label == f"{top.key}-k64" and plain is top
         assert v.long_kv == (top.long_kv[0], {**top.long_kv[1], "block_n": 64, "kv_box_rows": 64})
         assert v.block_n == top.block_n  # the two-warpgroup tiles are untouched
-    finally:
-        for _, r in out:
-            if r is not top:
-                r.source.unlink(missing_ok=True)
-    # --carriers: the rung's variant is timed, the rung itself is not
-    out = ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], [top.number])
-    try:
+        ab.cleanup()
+        assert not v.source.exists() and ab.COPIED == []
+        # --carriers: the rung's variant is timed, the rung itself is not
+        out = ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], [top.number])
         assert [label for label, _ in out] == [rungs.get(top.number - 1).key, f"{top.key}-v"]
+        ab.cleanup()
+        for carriers in ([top.number - 1], [top.number - 2]):  # a carrier with no variant, or not among the rungs
+            with pytest.raises(SystemExit, match="carrier"):
+                ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], carriers)
+            assert ab.COPIED == [copy] and copy.exists()  # raised after the copy: the run's cleanup() removes it
+            ab.cleanup()
+            assert not copy.exists()
     finally:
-        for _, r in out:
-            if r is not rungs.get(r.number):
-                r.source.unlink(missing_ok=True)
-    for carriers in ([top.number - 1], [top.number - 2]):  # a carrier with no variant, or not among the rungs
-        with pytest.raises(SystemExit, match="carrier"):
-            try:
-                out = ab.variants([f"v={tmp_path}"], [top.number - 1, top.number], carriers)
-            finally:
-                for n in (top.number - 1, top.number):
-                    (rungs.KERNEL_DIR / f"{rungs.get(n).source.stem}_v.cu").unlink(missing_ok=True)
+        ab.cleanup()
+        copy.unlink(missing_ok=True)
+        (rungs.KERNEL_DIR / f"{top.source.stem}_k64.cu").unlink(missing_ok=True)
     no_long = next(r for r in rungs.RUNGS if r.long_kv is None and r.abi == "tma")
     (tmp_path / no_long.source.name).write_text(no_long.source.read_text())
     with pytest.raises(SystemExit, match="no long-K/V tiles"):
@@ -1397,8 +1395,12 @@ def test_ab_rungs_variant_headers(monkeypatch, tmp_path):
         (tmp_path / "common.cuh").write_bytes(mine.read_bytes() + b"// changed\n")
         with pytest.raises(SystemExit, match=r"differs from the package's common\.cuh"):
             ab.variants([f"w={tmp_path}"], [top.number])
-        assert ab.COPIED_HEADERS == [new]  # the run removes it at the end
+        v_src = rungs.KERNEL_DIR / f"{top.source.stem}_v.cu"
+        assert ab.COPIED == [new, v_src]  # the run removes them at the end, however it ends
+        ab.cleanup()
+        assert not new.exists() and not v_src.exists()
     finally:
+        ab.cleanup()
         new.unlink(missing_ok=True)
         for label in ("v", "w"):  # also when the refusal failed and the w= variant's source was copied
             (rungs.KERNEL_DIR / f"{top.source.stem}_{label}.cu").unlink(missing_ok=True)
