@@ -5,7 +5,8 @@ DIR is a folder the device tool copied ``$OUT`` into (``files_at``). For each fi
 * a bench results JSON (``<device>-YYYYMMDD-HHMMSS.json`` with a ``rows`` list; ``latest.json`` is skipped):
   from an H200 (the card the README's table is for), copied to ``benchmarks/results/`` and, the newest of them,
   to ``benchmarks/results/latest.json``, then ``python -m attnclimb report`` (README table, rung pages, chart) and
-  ``scripts/update_diff_quotes.py``; from any other card, copied to ``benchmarks/ab/`` as
+  ``scripts/update_diff_quotes.py``; the notes that said a page's measured block or the README's table came from
+  another bench (:func:`retire_notes`) go with them; from any other card, copied to ``benchmarks/ab/`` as
   ``bench-<commit>-<card>-YYYYMMDD-HHMMSS.json``, the README left alone;
 * ``timelines.tgz`` (``device_job.sh trace``): its ``rungNN.json`` / ``rungNN.png`` into
   ``docs/figures/timelines/`` (the SVGs are not kept);
@@ -20,6 +21,7 @@ table, the commit). Nothing here needs a GPU.
 
 import datetime
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +56,39 @@ def _copy_new(src: Path, dst: Path) -> None:
     if dst.exists() and dst.read_bytes() != src.read_bytes():
         raise SystemExit(f"after_device: {dst} exists already with other contents; move it or rename {src}")
     shutil.copyfile(src, dst)
+
+
+PAGE_NOTE = re.compile(r"\nThe table below is the H100 bench .*?\n\n", re.S)  # above a page's measured block
+README_NOTE = "<!-- results-note -->\n"  # followed by a blockquote on the bench the README's table is from
+PROSE_MARKER = "<!-- H200 bench of the re-cut: fill from the new latest.json -->"
+
+
+def retire_notes(root: Path) -> list[str]:
+    """Once an H200 bench is the README's table and the pages' measured blocks: remove the paragraphs above the
+    rung pages' blocks that say the block is another card's bench (``The table below is the H100 bench …``) and the
+    blockquote under README's ``<!-- results-note -->`` that says which older bench the table is. Returns the files
+    that still hold :data:`PROSE_MARKER`, where the prose is to be written by hand (the markers stay until then)."""
+    for page in sorted((root / "docs" / "rungs").glob("*.md")):
+        text = page.read_text()
+        new = PAGE_NOTE.sub("\n", text)
+        if new != text:
+            page.write_text(new)
+            print(f"removed the other card's note from {page.relative_to(root)}")
+    readme = root / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    if README_NOTE in text:
+        head, tail = text.split(README_NOTE, 1)
+        lines = tail.split("\n")
+        n = 0
+        while n < len(lines) and lines[n].startswith(">"):
+            n += 1
+        if n:
+            while n < len(lines) and not lines[n].strip():
+                n += 1
+            readme.write_text(head + README_NOTE + "\n" + "\n".join(lines[n:]))
+            print("removed README's results note (the table is the new bench)")
+    files = [root / "README.md", *sorted((root / "docs" / "rungs").glob("*.md"))]
+    return [str(f.relative_to(root)) for f in files if f.exists() and PROSE_MARKER in f.read_text()]
 
 
 def main(dirs) -> int:
@@ -113,6 +148,8 @@ def main(dirs) -> int:
         for cmd in (["-m", "attnclimb", "report", "benchmarks/results/latest.json"], ["scripts/update_diff_quotes.py"]):
             subprocess.run([sys.executable, *cmd], cwd=ROOT, check=True)
         todo.append("check the commit recorded in the bench JSON (ATTNCLIMB_GIT_COMMIT)")
+        for f in retire_notes(ROOT):
+            todo.append(f"write the ratios of the new bench where {f} has {PROSE_MARKER}, then remove the marker")
     for t in dict.fromkeys(todo):
         print(f"left to do: {t}")
     return 0
