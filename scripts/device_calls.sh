@@ -3,8 +3,8 @@
 # most per command; the machine stays warm 30 s after a call, so each call must follow the last at once):
 #   bash scripts/device_calls.sh verify     carry .peers/q1:  stage FA4 part 1, the whole GPU suite, the top rung's timeline
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the top rung's feature
-#                                           and fp16 variants and on every rung from 10 to the top, plain; the top
-#                                           three rungs causal
+#                                           and fp16 variants and on every rung from 10 to the top, plain; then a
+#                                           causal A/B timing of the top three rungs (3 rounds, ab_causal.json)
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets
 #                                           of the rungs below the top that have them (10-15; long K/V 12-15)
 #   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers);
@@ -31,7 +31,8 @@
 #                                           reductions in four chains per row; wgarrive18, vfirst18, sonlytop,
 #                                           nopptop, hint, hintq), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
-#   bash scripts/device_calls.sh ab-causal-order  (no carry, ~3 min) causal tile order: pairs (today) vs the snake
+#   bash scripts/device_calls.sh ab-causal-order  (no carry, ~4 min) causal tile order: pairs (today) vs `snake` and
+#                                           `headpairs`, head_dim 64 and 128
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
