@@ -31,6 +31,8 @@
 #                                           reductions in four chains per row; wgarrive18, vfirst18, sonlytop,
 #                                           nopptop, hint, hintq), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
+#   bash scripts/device_calls.sh ab-l2pf    (no carry, ~5 min) the top rung against `l2pf` (K/V tiles asked of L2 4 or 8
+#                                           loads ahead), on BSHD views and contiguous inputs: the BSHD views' cost
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~4 min) causal tile order: pairs (today) vs `snake` and
 #                                           `headpairs`, head_dim 64 and 128
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
@@ -156,6 +158,17 @@ case "${1:-}" in
         --shapes 4x32x4096,2x32x8192,1x32x16384 --out "$OUT/ab_dims_d64${c#--}.json" 2>&1 | tail -7
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs $TOP --variant "n80=$b@block_n=80,kv_box_rows=80" --head-dim 256 \
         --rounds 3 --no-errors $c --shapes 4x8x4096,2x8x8192,1x8x16384 --out "$OUT/ab_dims_d256${c#--}.json" 2>&1 | tail -7
+    done
+    ;;
+  ab-l2pf)   # (no carry, ~5 min; FA4 too if an earlier call installed it) the top rung against `l2pf` (make_variants.py:
+             # the producer asks L2 for the K/V tiles 4 loads ahead) and the same 8 ahead, on BSHD views and on contiguous
+             # inputs: whether first-touch DRAM latency is why BSHD views cost 5-7 % on Wan2.1-1.3B (twenty-third session)
+    export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    for layout in --bshd ""; do
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant l2pf=.ab/l2pf \
+        --variant "l2pf8=.ab/l2pf@L2_PREFETCH_AHEAD=8" $layout --rounds 4 --no-errors \
+        --shapes 4x16x4096,1x16x16384,1x12x32760 --out "$OUT/ab_l2pf${layout:+_bshd}.json" 2>&1 | tail -7
     done
     ;;
   ab-top)   # ab-top VARIANT (no carry, ~3 min): the top rung against make_variants.py's VARIANT of it (thirteenth session:

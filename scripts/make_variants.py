@@ -24,6 +24,10 @@
 * ``headpairs/…`` + ``causal_order.cuh``: the causal order when all heads' K/V exceed L2 with heavy/light pairs
   inside each head and the last rounds heaviest-first in a snake (twenty-first session, from
   ``scripts/causal_order_model.py``; not yet timed: ``device_calls.sh ab-causal-order``);
+* ``l2pf/…`` + ``l2prefetch.cuh``: the producer also asks L2 for the K and V tiles ``L2_PREFETCH_AHEAD`` (default 4)
+  loads ahead of the one it copies (``cp.async.bulk.prefetch.tensor``), so that the first CTA to reach a tile no
+  longer waits for DRAM with the others behind it: a test of why BSHD views cost 5–7 % on Wan2.1-1.3B (twenty-third
+  session; not yet timed: ``device_calls.sh ab-l2pf``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
   front of the exponentials (what each part of the work costs; ``device_calls.sh diag``).
@@ -385,6 +389,66 @@ __device__ __forceinline__ void tile_4d(unsigned char* dst, const TmaDesc* map, 
 """
 
 
+L2PF_HEADER = """// A/B variant (scripts/make_variants.py `l2pf`): K/V tiles asked of L2 ahead of their loads (PTX ISA
+// "cp.async.bulk.prefetch.tensor", sm_90: the box's bytes brought from global memory into L2 through the same
+// tensor map; nothing written to shared memory, no mbarrier, no completion to wait for).
+#pragma once
+#include "hopper.cuh"
+
+#ifndef L2_PREFETCH_AHEAD
+#define L2_PREFETCH_AHEAD 4  // in K/V tiles
+#endif
+
+namespace l2pf {
+// The boxes of hop::tma_load_tile (3-D map: column, row, batch·head) and of hop::tma_load_tile_4d (4-D map:
+// column, row, head, batch), prefetched instead of loaded.
+__device__ __forceinline__ void tile(const TmaDesc* map, int rows, int box_rows, int row0, int bh, int panels = 2) {
+    for (int p = 0; p < panels; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(
+                             reinterpret_cast<uint64_t>(map)),
+                         "r"(p * 64), "r"(row0 + r), "r"(bh)
+                         : "memory");
+}
+__device__ __forceinline__ void tile_4d(const TmaDesc* map, int rows, int box_rows, int row0, int head, int batch,
+                                        int panels = 2) {
+    for (int p = 0; p < panels; ++p)
+        for (int r = 0; r < rows; r += box_rows)
+            asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
+                             reinterpret_cast<uint64_t>(map)),
+                         "r"(p * 64), "r"(row0 + r), "r"(head), "r"(batch)
+                         : "memory");
+}
+}  // namespace l2pf
+"""
+
+
+def l2pf(src: str) -> str:
+    """After copying K/V tile nb of a work tile, the producer asks L2 for tile nb + L2_PREFETCH_AHEAD of the same
+    work tile (K, then V), through the same maps and boxes as the loads."""
+    src = _sub(
+        src, '#include "wgmma_desc.cuh"\n', '#include "wgmma_desc.cuh"\n#include "l2prefetch.cuh"  // A/B variant\n', 1
+    )
+    return _sub(
+        src,
+        "                    load_v(nb, slot, bh_kv);\n",
+        "                    load_v(nb, slot, bh_kv);\n"
+        "                    if (nb + L2_PREFETCH_AHEAD < num_n_blocks) {  // A/B variant l2pf\n"
+        "                        const int pf_row = (nb + L2_PREFETCH_AHEAD) * BLOCK_N;\n"
+        "#if STRIDED\n"
+        "                        l2pf::tile_4d(&tmap_k, BLOCK_N, KV_BOX_ROWS, pf_row, bh_kv % (heads_q / kv_group),\n"
+        "                                      bh_kv / (heads_q / kv_group), PANELS);\n"
+        "                        l2pf::tile_4d(&tmap_v, BLOCK_N, KV_BOX_ROWS, pf_row, bh_kv % (heads_q / kv_group),\n"
+        "                                      bh_kv / (heads_q / kv_group), PANELS);\n"
+        "#else\n"
+        "                        l2pf::tile(&tmap_k, BLOCK_N, KV_BOX_ROWS, pf_row, bh_kv, PANELS);\n"
+        "                        l2pf::tile(&tmap_v, BLOCK_N, KV_BOX_ROWS, pf_row, bh_kv, PANELS);\n"
+        "#endif\n"
+        "                    }\n",
+        1,
+    )
+
+
 def l2hint(kv_last):
     """The top rung's Q tile loads with L2 evict_first and, with ``kv_last``, its K and V tile loads with
     evict_last (the policies made at the kernel's start): issue 13's "L2 eviction hints on the TMA loads"."""
@@ -444,6 +508,7 @@ def main(out=".ab"):
         ("vfirst18", vfirst, {}),
         ("sonlytop", sonly, {}),
         ("headpairs", headpairs, {"causal_order.cuh": CAUSAL_ORDER_HEADER}),
+        ("l2pf", l2pf, {"l2prefetch.cuh": L2PF_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ VARIANTS = {
     "vfirst18",
     "sonlytop",
     "headpairs",
+    "l2pf",
 }
 
 
@@ -354,3 +355,39 @@ def test_headpairs_rewrites_the_pair_order_and_builds_without_spills(tmp_path, b
         from attnclimb.runtime.sass import sass_digest
 
         assert sass_digest(c.cubin) == sass_digest(compile_rung(TOP).cubin)
+
+
+@pytest.mark.parametrize(
+    "build", ["plain", "long-kv", "long-kv-strided", "causal-gqa-lse-strided", "head_dim-64", "fp16-long-kv-strided"]
+)
+def test_l2pf_prefetches_the_kv_tiles_ahead_and_builds_without_spills(tmp_path, build):
+    """``l2pf``: after the copies of K/V tile nb the producer asks L2 for tile nb + L2_PREFETCH_AHEAD of the same
+    work tile through the same maps and boxes (3-D maps, 4-D for strided inputs), guarded by the work tile's K/V
+    tile count; no spills in the builds its A/B times and their neighbours; in SASS one ``UTMAPF.L2`` per K/V box
+    copy (``UTMALDG`` of K and V), none of Q. (Not in this list: the fp16 causal strided build, whose producer
+    keeps 24 registers and spills 8 bytes with the prefetch; an experiment, not a rung.)"""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "l2pf" / TOP.source.name).read_text()
+    assert src.count("if (nb + L2_PREFETCH_AHEAD < num_n_blocks) {") == 1
+    assert src.count("l2pf::tile(&tmap_") == 2 and src.count("l2pf::tile_4d(&tmap_") == 2
+    assert "&tmap_q" not in src.split("A/B variant l2pf", 1)[1].split("ring.advance", 1)[0]
+    r = {
+        "plain": TOP,
+        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
+        "long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0]),
+        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
+        "head_dim-64": feature_variant(TOP, False, False, False, head_dim=64),
+        "fp16-long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0], fp16=True),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / "l2pf", TOP.source.name))
+    _no_spills(c)
+    if find_cuobjdump() is not None:
+        lines = sass(c.cubin).splitlines()
+        dim = "4D" if "strided" in build else "3D"
+        prefetches = [ln for ln in lines if "UTMAPF" in ln]
+        loads = [ln for ln in lines if "UTMALDG" in ln]
+        assert prefetches and all(f"UTMAPF.L2.{dim}" in ln for ln in prefetches), prefetches
+        panels = r.head_dim // 64  # 64-column boxes (128-byte swizzle)
+        kv_boxes = panels * (r.block_n // r.kv_box_rows)  # per K (or V) tile
+        assert len(prefetches) == 2 * kv_boxes, (len(prefetches), kv_boxes)
+        assert len(loads) == panels * (r.block_m // r.q_box_rows) + 2 * kv_boxes, (len(loads), kv_boxes)
