@@ -41,8 +41,9 @@
 # back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
 # `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
-# the ladder); (3) no carry: `bash $D ab-causal-order; bash $D trace-d64`; then the trace tests and the sanitizers of
-# the top rung's feature and fp16 sets. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
+# the ladder); (3) no carry: `bash $J sanitize features sanitize fp16` (the top rung's sets, issue 13's "done when");
+# (4) no carry: `bash $D ab-causal-order; bash $D trace-d64`; (5) no carry: `bash $D ab-l2pf` (the BSHD views' cost,
+# twenty-third session), then the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
 # bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
