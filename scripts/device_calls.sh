@@ -31,8 +31,9 @@
 #                                           reductions in four chains per row; wgarrive18, vfirst18, sonlytop,
 #                                           nopptop, hint, hintq), head_dim 64 and 128
 #   bash scripts/device_calls.sh bshd       (no carry, ~2 min) BSHD view vs contiguous, 6 interleaved rounds (issue 9)
-#   bash scripts/device_calls.sh ab-l2pf    (no carry, ~5 min) the top rung against `l2pf` (K/V tiles asked of L2 4 or 8
-#                                           loads ahead), on BSHD views and contiguous inputs: the BSHD views' cost
+#   bash scripts/device_calls.sh ab-bshd    (no carry, ~6 min) the BSHD views' cost: the top rung against `l2pf` (K/V
+#                                           tiles asked of L2 4 loads ahead) and `hgroup` / `hgroup4` (heads fastest in
+#                                           groups of 12 / 4), on BSHD views and on contiguous inputs
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~4 min) causal tile order: pairs (today) vs `snake` and
 #                                           `headpairs`, head_dim 64 and 128
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
@@ -42,7 +43,7 @@
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
 # `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
 # the ladder); (3) no carry: `bash $J sanitize features sanitize fp16` (the top rung's sets, issue 13's "done when");
-# (4) no carry: `bash $D ab-causal-order; bash $D trace-d64`; (5) no carry: `bash $D ab-l2pf` (the BSHD views' cost,
+# (4) no carry: `bash $D ab-causal-order; bash $D trace-d64`; (5) no carry: `bash $D ab-bshd` (the BSHD views' cost,
 # twenty-third session), then the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
@@ -161,15 +162,18 @@ case "${1:-}" in
         --rounds 3 --no-errors $c --shapes 4x8x4096,2x8x8192,1x8x16384 --out "$OUT/ab_dims_d256${c#--}.json" 2>&1 | tail -7
     done
     ;;
-  ab-l2pf)   # (no carry, ~5 min; FA4 too if an earlier call installed it) the top rung against `l2pf` (make_variants.py:
-             # the producer asks L2 for the K/V tiles 4 loads ahead) and the same 8 ahead, on BSHD views and on contiguous
-             # inputs: whether first-touch DRAM latency is why BSHD views cost 5-7 % on Wan2.1-1.3B (twenty-third session)
+  ab-bshd)   # (no carry, ~6 min; FA4 too if an earlier call installed it) why BSHD views cost 5-7 % on Wan2.1-1.3B
+             # (twenty-third session, docs/dropin.md "Strides"): the top rung against `l2pf` (make_variants.py: the
+             # producer asks L2 for the K/V tiles 4 loads ahead: first-touch latency) and `hgroup` / `hgroup4` (heads
+             # fastest in groups of 12 / 4: the CTAs in flight read neighbouring rows of a BSHD view), on BSHD views,
+             # then on contiguous inputs (`ab-bshd views` or `ab-bshd contiguous`: one of them; each builds 8 kernels)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    for layout in --bshd ""; do
+    case "${2:-both}" in views) layouts=(--bshd) ;; contiguous) layouts=("") ;; *) layouts=(--bshd "") ;; esac
+    for layout in "${layouts[@]}"; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant l2pf=.ab/l2pf \
-        --variant "l2pf8=.ab/l2pf@L2_PREFETCH_AHEAD=8" $layout --rounds 4 --no-errors \
-        --shapes 4x16x4096,1x16x16384,1x12x32760 --out "$OUT/ab_l2pf${layout:+_bshd}.json" 2>&1 | tail -7
+        --variant hgroup=.ab/hgroup --variant "hgroup4=.ab/hgroup@HEAD_GROUP=4" $layout --rounds 4 --no-errors \
+        --shapes 4x16x4096,1x16x16384,1x12x32760 --out "$OUT/ab_bshd_order${layout:+_views}.json" 2>&1 | tail -7
     done
     ;;
   ab-top)   # ab-top VARIANT (no carry, ~3 min): the top rung against make_variants.py's VARIANT of it (thirteenth session:

@@ -27,7 +27,12 @@
 * ``l2pf/…`` + ``l2prefetch.cuh``: the producer also asks L2 for the K and V tiles ``L2_PREFETCH_AHEAD`` (default 4)
   loads ahead of the one it copies (``cp.async.bulk.prefetch.tensor``), so that the first CTA to reach a tile no
   longer waits for DRAM with the others behind it: a test of why BSHD views cost 5–7 % on Wan2.1-1.3B (twenty-third
-  session; not yet timed: ``device_calls.sh ab-l2pf``);
+  session; not yet timed: ``device_calls.sh ab-bshd``);
+* ``hgroup/…`` + ``head_group.cuh``: the non-causal work order in groups of ``HEAD_GROUP`` (default 12) heads, heads
+  fastest inside a group (today: one head's m-blocks after another), so that the CTAs in flight read the same key
+  positions of several heads at once: in a BSHD view those rows lie side by side (one 3-KB row of all 12 heads at
+  Wan2.1-1.3B) where today's order reads 256 B of each; the other test of the BSHD views' cost (twenty-third
+  session; not yet timed: ``device_calls.sh ab-bshd``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
   front of the exponentials (what each part of the work costs; ``device_calls.sh diag``).
@@ -449,6 +454,59 @@ def l2pf(src: str) -> str:
     )
 
 
+HEAD_GROUP_HEADER = """// A/B variant (scripts/make_variants.py `hgroup`): the non-causal work order of the persistent
+// grid in groups of HEAD_GROUP heads (batch·head indices), the heads fastest inside a group, so that the CTAs
+// in flight read the same key positions of several heads at once (side by side in a BSHD view). HEAD_GROUP 1
+// is the top rung's order. Its CPU test compiles this header with the host compiler.
+#pragma once
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define HEAD_GROUP_FN __host__ __device__ __forceinline__
+#else
+#define HEAD_GROUP_FN inline
+#endif
+
+#ifndef HEAD_GROUP
+#define HEAD_GROUP 12
+#endif
+
+namespace head_group {
+struct Tile {
+    int head, mb;  // index of the (batch, head) and the m-block
+};
+
+// Tile t < heads * nmb -> (head, m-block): groups of `group` heads (the last one smaller when `group` does not
+// divide `heads`), each group's tiles m-block by m-block, its heads fastest.
+HEAD_GROUP_FN Tile tile_of(int t, int heads, int nmb, int group) {
+    const int full = heads / group, per_group = group * nmb;
+    const int g = t / per_group;
+    const int base = g < full ? g * group : full * group;  // the group's first head
+    const int size = g < full ? group : heads - full * group;
+    const int i = t - base * nmb;  // index inside the group
+    return Tile{base + i % size, i / size};
+}
+}  // namespace head_group
+"""
+
+
+def hgroup(src: str) -> str:
+    """The non-causal ``work_of``'s head-major order (``bh = tile / num_m_blocks``) replaced by head_group.cuh's."""
+    src = _sub(
+        src, '#include "wgmma_desc.cuh"\n', '#include "wgmma_desc.cuh"\n#include "head_group.cuh"  // A/B variant\n', 1
+    )
+    return _sub(
+        src,
+        "        w.bh = tile / num_m_blocks;\n"
+        "        w.m_start = (tile % num_m_blocks) * BLOCK_M;\n"
+        "        w.num_n = num_n_blocks_all;\n",
+        "        const head_group::Tile hg =  // A/B variant hgroup\n"
+        "            head_group::tile_of(tile, num_tiles / num_m_blocks, num_m_blocks, HEAD_GROUP);\n"
+        "        w.bh = hg.head;\n"
+        "        w.m_start = hg.mb * BLOCK_M;\n"
+        "        w.num_n = num_n_blocks_all;\n",
+        1,
+    )
+
+
 def l2hint(kv_last):
     """The top rung's Q tile loads with L2 evict_first and, with ``kv_last``, its K and V tile loads with
     evict_last (the policies made at the kernel's start): issue 13's "L2 eviction hints on the TMA loads"."""
@@ -509,6 +567,7 @@ def main(out=".ab"):
         ("sonlytop", sonly, {}),
         ("headpairs", headpairs, {"causal_order.cuh": CAUSAL_ORDER_HEADER}),
         ("l2pf", l2pf, {"l2prefetch.cuh": L2PF_HEADER}),
+        ("hgroup", hgroup, {"head_group.cuh": HEAD_GROUP_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

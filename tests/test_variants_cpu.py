@@ -31,6 +31,7 @@ VARIANTS = {
     "sonlytop",
     "headpairs",
     "l2pf",
+    "hgroup",
 }
 
 
@@ -391,3 +392,66 @@ def test_l2pf_prefetches_the_kv_tiles_ahead_and_builds_without_spills(tmp_path, 
         kv_boxes = panels * (r.block_n // r.kv_box_rows)  # per K (or V) tile
         assert len(prefetches) == 2 * kv_boxes, (len(prefetches), kv_boxes)
         assert len(loads) == panels * (r.block_m // r.q_box_rows) + 2 * kv_boxes, (len(loads), kv_boxes)
+
+
+def test_hgroup_order_visits_every_tile_once(tmp_path):
+    """head_group.cuh (compiled for the host): for every head count, m-block count and group size the tiles
+    0 .. heads·nmb - 1 visit every (head, m-block) once; a group of 1 is the top rung's head-major order
+    (``bh = tile / nmb``); inside a group of several heads the heads come fastest, the m-blocks ascending."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler to run head_group.cuh")
+    _load().main(str(tmp_path))
+    main = tmp_path / "hg.cpp"
+    main.write_text(
+        '#include <cstdio>\n#include "hgroup/head_group.cuh"\n'
+        "int main() {\n"
+        "  int heads, nmb, group;\n"
+        '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3)\n'
+        "    for (int t = 0; t < heads * nmb; ++t) {\n"
+        "      head_group::Tile x = head_group::tile_of(t, heads, nmb, group);\n"
+        '      std::printf("%d %d\\n", x.head, x.mb);\n'
+        "    }\n"
+        "}\n"
+    )
+    exe = tmp_path / "hg"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
+    cases = [(h, n, g) for h in (1, 2, 3, 5, 12, 13, 16, 64) for n in (1, 2, 7, 171) for g in (1, 2, 3, 4, 12, 100)]
+    stdin = "".join(f"{h} {n} {g}\n" for h, n, g in cases)
+    out = iter(subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split())
+    for heads, nmb, group in cases:
+        tiles = [(int(next(out)), int(next(out))) for _ in range(heads * nmb)]
+        assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)], (heads, nmb, group)
+        if group == 1:
+            assert tiles == [(t // nmb, t % nmb) for t in range(heads * nmb)]
+        size = min(group, heads)  # the first group's heads, m-block 0, then m-block 1
+        assert tiles[:size] == [(h, 0) for h in range(size)], (heads, nmb, group)
+        if nmb > 1:
+            assert tiles[size : 2 * size] == [(h, 1) for h in range(size)], (heads, nmb, group)
+
+
+@pytest.mark.parametrize("build", ["plain", "long-kv", "long-kv-strided", "head_dim-64", "causal"])
+def test_hgroup_rewrites_the_non_causal_order_and_builds_without_spills(tmp_path, build):
+    """``hgroup`` changes only the non-causal ``work_of``: its causal build is the top rung's machine code, its
+    non-causal builds compile without spills and call head_group.cuh's order."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "hgroup" / TOP.source.name).read_text()
+    assert src.count("head_group::tile_of(tile, num_tiles / num_m_blocks, num_m_blocks, HEAD_GROUP)") == 1
+    assert "w.m_start = (tile % num_m_blocks) * BLOCK_M;" not in src
+    r = {
+        "plain": TOP,
+        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
+        "long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0]),
+        "head_dim-64": feature_variant(TOP, False, False, False, head_dim=64),
+        "causal": feature_variant(TOP, True, False, False),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / "hgroup", TOP.source.name))
+    _no_spills(c)
+    if find_cuobjdump() is not None:
+        from attnclimb.runtime.sass import sass_digest
+
+        same = sass_digest(c.cubin) == sass_digest(compile_rung(r).cubin)
+        assert same == (build == "causal"), build
