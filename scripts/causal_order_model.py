@@ -19,7 +19,9 @@ the busiest one (1.0: perfectly even). Three orders:
   ``scripts/make_variants.py`` (:func:`head_pairs_then_tail`, the same arithmetic as its ``causal_order.cuh``).
 * ``dynamic``: the same pairs' tiles taken heaviest-first within groups of heads whose K/V fit in 32 MiB, each
   by the first CTA to become free (an atomic tile counter, the tile scheduler of FlashAttention-3 Sec. 3 / its
-  persistent kernels' "longest processing time first"): not built; the bound a scheduler could reach.
+  persistent kernels' "longest processing time first"; FlashAttention-4's Hopper path gets it from the hardware,
+  one CTA per tile): the A/B variant ``dynsched`` of ``scripts/make_variants.py`` builds it
+  (:func:`dynamic_order`).
 
 Prints one row per shape. Rows of the bench's causal shapes (head_dim 64 and 128) are the default.
 """
@@ -153,16 +155,24 @@ def static_loads(order: list, grid: int, cost) -> list:
     return loads
 
 
+def dynamic_order(heads: int, nmb: int, group: int) -> list:
+    """``(head, mb)`` in the order a dynamic scheduler hands them out: groups of ``group`` heads, in each the
+    heaviest m-block first, heads fastest (the A/B variant ``dynsched``'s ``dyn_sched::tile_of``)."""
+    return [
+        (h, mb)
+        for g0 in range(0, heads, group)
+        for mb in range(nmb - 1, -1, -1)
+        for h in range(g0, min(heads, g0 + group))
+    ]
+
+
 def dynamic_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int, cost, l2_bytes: int) -> list:
     """Greedy list scheduling of the tiles, heaviest m-block first within L2-sized groups of heads."""
     per_head = 2 * seqlen_k * head_dim * 2
-    group = max(1, l2_bytes // per_head)
     free = [(0.0, c) for c in range(grid)]
-    for g0 in range(0, heads, group):
-        for mb in range(nmb - 1, -1, -1):
-            for _ in range(g0, min(heads, g0 + group)):
-                load, c = heapq.heappop(free)
-                heapq.heappush(free, (load + cost(mb), c))
+    for _, mb in dynamic_order(heads, nmb, max(1, l2_bytes // per_head)):
+        load, c = heapq.heappop(free)
+        heapq.heappush(free, (load + cost(mb), c))
     return [load for load, _ in free]
 
 

@@ -34,8 +34,8 @@
 #   bash scripts/device_calls.sh ab-bshd    (no carry, ~6 min) the BSHD views' cost: the top rung against `l2pf` (K/V
 #                                           tiles asked of L2 4 loads ahead) and `hgroup` / `hgroup4` (heads fastest in
 #                                           groups of 12 / 4), on BSHD views and on contiguous inputs
-#   bash scripts/device_calls.sh ab-causal-order  (no carry, ~4 min) causal tile order: pairs (today) vs `snake` and
-#                                           `headpairs`, head_dim 64 and 128
+#   bash scripts/device_calls.sh ab-causal-order  (no carry, ~7 min) causal tile order: pairs (today) vs `snake`,
+#                                           `headpairs` and `dynsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
@@ -43,8 +43,9 @@
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
 # `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
 # the ladder); (3) no carry: `bash $J sanitize features sanitize fp16` (the top rung's sets, issue 13's "done when");
-# (4) no carry: `bash $D ab-causal-order; bash $D trace-d64`; (5) no carry: `bash $D ab-bshd` (the BSHD views' cost,
-# twenty-third session), then the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
+# (4) no carry: `bash $D ab-causal-order` (~7 min: snake, headpairs, dynsched); (5) no carry: `bash $D ab-bshd views`
+# (the BSHD views' cost, twenty-third session); (6) whatever time is left: `bash $D ab-bshd contiguous; bash $D
+# trace-d64`, the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
 # bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
@@ -205,16 +206,19 @@ case "${1:-}" in
 json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd_view_6rounds.json" &&
       python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])).get('rows', [])]" "$OUT/bshd_view_6rounds.json"
     ;;
-  ab-causal-order)   # (no carry, ~4 min; FA4 too if an earlier call installed it) the top rung against `snake`, itself
+  ab-causal-order)   # (no carry, ~7 min; FA4 too if an earlier call installed it) the top rung against `snake`, itself
                      # with CAUSAL_L2_BYTES past any K/V (the heaviest-first snake at every size instead of the pairs),
-                     # and `headpairs` (make_variants.py: pairs inside each head, the last rounds in a snake; L2-friendly):
-                     # scripts/causal_order_model.py predicts +2-9 % at head_dim 64 where the pairs leave CTAs idle
+                     # `headpairs` (make_variants.py: pairs inside each head, the last rounds in a snake; L2-friendly)
+                     # and `dynsched` (works handed out at run time, heaviest first in L2-sized head groups: FA4's
+                     # causal order, persistent): scripts/causal_order_model.py predicts +2-9 % at head_dim 64 where
+                     # the pairs leave CTAs idle, +2-3 % at 128 and 256 (dynsched)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    for d in 64 128; do
-      [ $d = 64 ] && shp=4x32x4096,2x32x8192,1x32x16384 || shp=4x16x4096,2x16x8192,1x16x16384
+    for d in 64 128 256; do
+      case $d in 64) shp=4x32x4096,2x32x8192,1x32x16384 ;; 128) shp=16x16x1024,4x16x4096,2x16x8192,1x16x16384 ;;
+        256) shp=4x8x4096,2x8x8192,1x8x16384 ;; esac
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant "snake=.ab/base@CAUSAL_L2_BYTES=1099511627776" \
-        --variant headpairs=.ab/headpairs --head-dim $d --causal --rounds 4 --shapes $shp \
+        --variant headpairs=.ab/headpairs --variant dynsched=.ab/dynsched --head-dim $d --causal --rounds 4 --shapes $shp \
         --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -8
     done
     ;;

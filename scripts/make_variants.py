@@ -33,6 +33,15 @@
   positions of several heads at once: in a BSHD view those rows lie side by side (one 3-KB row of all 12 heads at
   Wan2.1-1.3B) where today's order reads 256 B of each; the other test of the BSHD views' cost (twenty-third
   session; not yet timed: ``device_calls.sh ab-bshd``);
+* ``dynsched/…`` + ``dyn_sched.cuh``: causal builds only: each CTA's next work tile handed out at run time (an atomic
+  counter, FlashAttention-3's persistent "longest processing time first" idea) in the order heaviest m-block first
+  within groups of heads whose K and V fit in ``CAUSAL_L2_BYTES``, heads fastest; the producer takes the next
+  work once the Q buffer is free (the consumers' last S of the current one) and publishes it with its Q, and the
+  turns' last hand-off is taken by one more wait of warpgroup 0. FlashAttention-4's Hopper path orders its causal
+  tiles the same way (one CTA per tile, the hardware handing them out). ``scripts/causal_order_model.py``'s
+  ``dynamic`` column: +2 to +3 % at head_dim 128 and 256, +3 to +9 % at 64 (twenty-third session; not yet timed:
+  ``device_calls.sh ab-causal-order``). The counters are module globals that the last CTA resets: launches of one
+  build on two streams at once would share them, so this is an A/B variant, not a rung;
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
   front of the exponentials (what each part of the work costs; ``device_calls.sh diag``).
@@ -507,6 +516,203 @@ def hgroup(src: str) -> str:
     )
 
 
+DYN_SCHED_HEADER = """// A/B variant (scripts/make_variants.py `dynsched`): causal work tiles handed out at run time.
+// Each CTA's first work is blockIdx.x; every later one comes from an atomic counter (FlashAttention-3's persistent
+// scheduler, its idea: the next tile goes to whichever CTA is free first, the heaviest tiles first). The counters
+// are module globals: the last CTA to finish taking works resets them for the next launch, so launches of one
+// build on two streams at once would share them (an A/B variant, not a rung).
+#pragma once
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DYN_SCHED_FN __host__ __device__ __forceinline__
+#else
+#define DYN_SCHED_FN inline
+#endif
+
+namespace dyn_sched {
+struct Tile {
+    int head, mb;  // index of the (batch, head) and the m-block
+};
+
+// Work w < heads * nmb -> its tile: groups of `group` heads (the last one smaller when `group` does not divide
+// `heads`), in each group the heaviest (last) m-block first, the heads fastest. Its CPU test compiles this for the
+// host and compares it with scripts/causal_order_model.py's `dynamic` order.
+DYN_SCHED_FN Tile tile_of(int w, int heads, int nmb, int group) {
+    const int full = heads / group, g = w / (group * nmb);
+    const int base = (g < full ? g : full) * group, size = g < full ? group : heads - full * group;
+    const int i = w - base * nmb;  // index inside the group
+    return Tile{base + i % size, nmb - 1 - i / size};
+}
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__device__ unsigned int taken = 0;           // works handed out after the grid's first gridDim.x
+__device__ unsigned int producers_done = 0;  // CTAs that will take no more
+
+// The index of the next work for this CTA (>= gridDim.x; the caller stops at the first one past its tiles).
+__device__ __forceinline__ int take() { return static_cast<int>(atomicAdd(&taken, 1u)) + static_cast<int>(gridDim.x); }
+
+// Once per CTA, after its last take(): the last CTA resets both counters (every other one has taken its last).
+__device__ __forceinline__ void finish() {
+    if (atomicAdd(&producers_done, 1u) == gridDim.x - 1) {
+        atomicExch(&taken, 0u);
+        atomicExch(&producers_done, 0u);
+    }
+}
+#endif
+}  // namespace dyn_sched
+"""
+
+
+def dynsched(src: str) -> str:
+    """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
+    order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
+    src = _sub(
+        src, '#include "wgmma_desc.cuh"\n', '#include "wgmma_desc.cuh"\n#include "dyn_sched.cuh"  // A/B variant\n', 1
+    )
+    # the order: work w is tile w; tile -> (head, m-block) heaviest first in groups of heads that fit L2
+    src = _sub(
+        src,
+        "#if GQA  // query heads of one group share them: kv_bytes / kv_group > L2 (floored), "
+        """without a 64-bit division
+    const bool by_pairs = kv_bytes >= (CAUSAL_L2_BYTES + 1) * kv_group && num_tiles >= 2 * (int)gridDim.x;
+#else
+    const bool by_pairs = kv_bytes > CAUSAL_L2_BYTES && num_tiles >= 2 * (int)gridDim.x;
+#endif
+    auto tile_of = [&](int work) {
+        const int wave = work / gridDim.x, c = work % gridDim.x;
+        if (by_pairs) return 2 * (c + (wave >> 1) * gridDim.x) + (wave & 1);
+        return (wave & 1) && (wave + 1) * gridDim.x <= num_tiles ? wave * gridDim.x + (gridDim.x - 1 - c)
+                                                                 : work;
+    };
+    auto work_of = [&](int tile) {
+        Work w;
+        int mb;
+        if (by_pairs) {
+            w.bh = tile / num_m_blocks;
+            const int r = tile % num_m_blocks;
+            mb = r & 1 ? r >> 1 : num_m_blocks - 1 - (r >> 1);
+        } else {
+            w.bh = tile % bh_count;
+            mb = num_m_blocks - 1 - tile / bh_count;
+        }
+""",
+        """    // A/B variant dynsched: works in the order they are handed out (dyn_sched.cuh): groups of l2_heads heads
+    // whose K and V fit in CAUSAL_L2_BYTES (query heads of a GQA group share theirs), in each group the heaviest
+    // m-block first, heads fastest.
+    const long long head_kv_bytes = kv_bytes / bh_count;
+#if GQA
+    const long long l2_fit = CAUSAL_L2_BYTES * kv_group / head_kv_bytes;
+#else
+    const long long l2_fit = CAUSAL_L2_BYTES / head_kv_bytes;
+#endif
+    const int l2_heads = static_cast<int>(max(1ll, min(static_cast<long long>(bh_count), l2_fit)));
+    auto tile_of = [&](int work) { return work; };
+    auto work_of = [&](int tile) {
+        Work w;
+        const dyn_sched::Tile t = dyn_sched::tile_of(tile, bh_count, num_m_blocks, l2_heads);
+        w.bh = t.head;
+        const int mb = t.mb;
+""",
+        1,
+    )
+    src = _sub(
+        src,
+        "    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait\n",
+        "    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait\n"
+        "#if CAUSAL\n"
+        "    __shared__ int sched_work;  // A/B variant dynsched: the work whose Q is in flight; -1: none left\n"
+        "#endif\n",
+        1,
+    )
+    # producer: the next work taken once the Q buffer is free (every consumer warp's last S done), published with
+    # its Q; past the last one, -1 and a bare arrival on bar_q
+    src = _sub(
+        src,
+        "            for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
+        "                const Work w = work_of(tile_of(work));\n"
+        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n"
+        "                // The Q buffer is free once every consumer warp's last S of the previous work tile is done.\n"
+        "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
+        "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
+        "                TRACE_END(WAIT_Q_EMPTY);\n",
+        "#if CAUSAL  // A/B variant dynsched\n"
+        "            for (int it = 0;; ++it) {\n"
+        "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
+        "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
+        "                TRACE_END(WAIT_Q_EMPTY);\n"
+        "                const int work = it == 0 ? static_cast<int>(blockIdx.x) : dyn_sched::take();\n"
+        "                if (tile_of(work) >= num_tiles) {\n"
+        "                    sched_work = -1;\n"
+        "                    hop::mbar_arrive(&bar_q);\n"
+        "                    break;\n"
+        "                }\n"
+        "                sched_work = work;\n"
+        "                const Work w = work_of(tile_of(work));\n"
+        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n"
+        "#else\n"
+        "            for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
+        "                const Work w = work_of(tile_of(work));\n"
+        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n"
+        "                // The Q buffer is free once every consumer warp's last S of the previous work tile is done.\n"
+        "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
+        "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
+        "                TRACE_END(WAIT_Q_EMPTY);\n"
+        "#endif\n",
+        1,
+    )
+    src = _sub(
+        src,
+        "                    ring.advance(slot);  // the next use of each slot is its next phase\n"
+        "                }\n"
+        "            }\n",
+        "                    ring.advance(slot);  // the next use of each slot is its next phase\n"
+        "                }\n"
+        "            }\n"
+        "#if CAUSAL  // A/B variant dynsched\n"
+        "            dyn_sched::finish();\n"
+        "#endif\n",
+        1,
+    )
+    # consumers: each work comes with its Q; the loop ends on -1
+    src = _sub(
+        src,
+        "    for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
+        "        const Work w = work_of(tile_of(work));\n",
+        "#if CAUSAL  // A/B variant dynsched\n"
+        "    for (int it = 0;; ++it) {\n"
+        "        hop::mbar_wait(&bar_q, it & 1);\n"
+        "        const int work = *reinterpret_cast<volatile int*>(&sched_work);\n"
+        "        if (work < 0) break;\n"
+        "#else\n"
+        "    for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
+        "#endif\n"
+        "        const Work w = work_of(tile_of(work));\n",
+        1,
+    )
+    # the turns: the last hand-off to warpgroup 0 always made (whether a next work comes is not known yet) and
+    # taken by one more wait of warpgroup 0 after the loop
+    src = _sub(
+        src,
+        "        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) "
+        "|| tile_of(work + gridDim.x) < num_tiles)\n",
+        "#if CAUSAL  // A/B variant dynsched\n"
+        "        if (true)\n"
+        "#else\n"
+        "        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) "
+        "|| tile_of(work + gridDim.x) < num_tiles)\n"
+        "#endif\n",
+        1,
+    )
+    return _sub(
+        src,
+        "        TRACE_END(EPILOGUE);\n    }\n}\n",
+        "        TRACE_END(EPILOGUE);\n    }\n"
+        "#if CAUSAL  // A/B variant dynsched: the last warpgroup's last hand-off\n"
+        "    if (wg == 0) hop::named_bar_sync(my_turn, TURN_THREADS);\n"
+        "#endif\n}\n",
+        1,
+    )
+
+
 def l2hint(kv_last):
     """The top rung's Q tile loads with L2 evict_first and, with ``kv_last``, its K and V tile loads with
     evict_last (the policies made at the kernel's start): issue 13's "L2 eviction hints on the TMA loads"."""
@@ -568,6 +774,7 @@ def main(out=".ab"):
         ("headpairs", headpairs, {"causal_order.cuh": CAUSAL_ORDER_HEADER}),
         ("l2pf", l2pf, {"l2prefetch.cuh": L2PF_HEADER}),
         ("hgroup", hgroup, {"head_group.cuh": HEAD_GROUP_HEADER}),
+        ("dynsched", dynsched, {"dyn_sched.cuh": DYN_SCHED_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

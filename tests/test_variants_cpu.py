@@ -32,6 +32,7 @@ VARIANTS = {
     "headpairs",
     "l2pf",
     "hgroup",
+    "dynsched",
 }
 
 
@@ -455,3 +456,72 @@ def test_hgroup_rewrites_the_non_causal_order_and_builds_without_spills(tmp_path
 
         same = sass_digest(c.cubin) == sass_digest(compile_rung(r).cubin)
         assert same == (build == "causal"), build
+
+
+def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
+    """dyn_sched.cuh's ``tile_of`` (compiled for the host) hands the tiles out in the order of
+    scripts/causal_order_model.py's ``dynamic_order``, whose list scheduling gives the model's ``dynamic`` column:
+    every (head, m-block) once, the heaviest m-block first in each group of heads."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler to run dyn_sched.cuh")
+    model = _order_model()
+    _load().main(str(tmp_path))
+    main = tmp_path / "ds.cpp"
+    main.write_text(
+        '#include <cstdio>\n#include "dynsched/dyn_sched.cuh"\n'
+        "int main() {\n"
+        "  int heads, nmb, group;\n"
+        '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3)\n'
+        "    for (int w = 0; w < heads * nmb; ++w) {\n"
+        "      dyn_sched::Tile t = dyn_sched::tile_of(w, heads, nmb, group);\n"
+        '      std::printf("%d %d\\n", t.head, t.mb);\n'
+        "    }\n"
+        "}\n"
+    )
+    exe = tmp_path / "ds"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
+    cases = [(h, n, g) for h in (1, 2, 3, 5, 16, 64) for n in (1, 2, 7, 64) for g in (1, 2, 3, 4, 16)]
+    out = subprocess.run(
+        [str(exe)], input="".join(f"{h} {n} {g}\n" for h, n, g in cases), capture_output=True, text=True, check=True
+    ).stdout.split()
+    got = iter(zip(map(int, out[::2]), map(int, out[1::2])))
+    for heads, nmb, group in cases:
+        tiles = [next(got) for _ in range(heads * nmb)]
+        want = model.dynamic_order(heads, nmb, min(group, heads))
+        assert tiles == want, (heads, nmb, group)
+        assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)]
+
+
+@pytest.mark.parametrize(
+    "build", ["plain", "long-kv", "causal", "causal-short", "head_dim-64-causal", "head_dim-256-causal", "all-fp16"]
+)
+def test_dynsched_rewrites_the_causal_schedule_and_builds_without_spills(tmp_path, build):
+    """``dynsched`` changes only the causal builds: its non-causal ones are the top rung's machine code; its causal
+    ones compile without spills and take their works from the global counter (``ATOMG``), the producer publishing
+    each with its Q and warpgroup 0 taking the turns' last hand-off after the loop."""
+    _load().main(str(tmp_path))
+    src = (tmp_path / "dynsched" / TOP.source.name).read_text()
+    assert src.count("dyn_sched::take()") == 1 and src.count("dyn_sched::finish();") == 1
+    assert src.count("sched_work = ") == 2 and "if (work < 0) break;" in src
+    assert "if (wg == 0) hop::named_bar_sync(my_turn, TURN_THREADS);" in src and "by_pairs" not in src
+    r = {
+        "plain": TOP,
+        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
+        "causal": feature_variant(TOP, True, False, False),
+        "causal-short": feature_variant(TOP, True, False, False, seqlen_k=1024),
+        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
+        "head_dim-256-causal": feature_variant(TOP, True, False, False, head_dim=256),
+        "all-fp16": feature_variant(TOP, True, True, True, True, fp16=True),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / "dynsched", TOP.source.name))
+    _no_spills(c)
+    if find_cuobjdump() is not None:
+        from attnclimb.runtime.sass import sass_digest
+
+        causal = build not in ("plain", "long-kv")
+        assert (sass_digest(c.cubin) == sass_digest(compile_rung(r).cubin)) == (not causal), build
+        assert any("ATOMG" in ln for ln in sass(c.cubin).splitlines()) == causal, build
