@@ -520,7 +520,8 @@ DYN_SCHED_HEADER = """// A/B variant (scripts/make_variants.py `dynsched`): caus
 // Each CTA's first work is blockIdx.x; every later one comes from an atomic counter (FlashAttention-3's persistent
 // scheduler, its idea: the next tile goes to whichever CTA is free first, the heaviest tiles first). The counters
 // are module globals: the last CTA to finish taking works resets them for the next launch, so launches of one
-// build on two streams at once would share them (an A/B variant, not a rung).
+// build on two streams at once would share them, and one launch's reset in the middle of the other's would
+// leave the counters wrong for every later launch (an A/B variant for one stream, not a rung).
 #pragma once
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define DYN_SCHED_FN __host__ __device__ __forceinline__
@@ -552,7 +553,9 @@ __device__ __forceinline__ int take() { return static_cast<int>(atomicAdd(&taken
 
 // Once per CTA, after its last take(): the last CTA resets both counters (every other one has taken its last).
 __device__ __forceinline__ void finish() {
+    __threadfence();  // this CTA's last take() before its count (in practice ordered by the use of its result)
     if (atomicAdd(&producers_done, 1u) == gridDim.x - 1) {
+        __threadfence();
         atomicExch(&taken, 0u);
         atomicExch(&producers_done, 0u);
     }
