@@ -23,7 +23,7 @@ the busiest one (1.0: perfectly even). Three orders:
   one CTA per tile): the A/B variant ``dynsched`` of ``scripts/make_variants.py`` builds it
   (:func:`dynamic_order`).
 
-Prints one row per shape. Rows of the bench's causal shapes (head_dim 64 and 128) are the default.
+Prints one row per shape. Rows of the bench's causal shapes (head_dim 64, 128 and 256; not GQA) are the default.
 """
 
 from __future__ import annotations
@@ -188,6 +188,8 @@ SHAPES = [  # (label, batch·heads, seqlen, head_dim, BLOCK_M, BLOCK_N): the top
     ("d128 4k (B4 H16)", 64, 4096, 128, 128, 128),
     ("d128 8k (B2 H16)", 32, 8192, 128, 128, 128),
     ("d128 16k (B1 H16)", 16, 16384, 128, 128, 128),
+    ("d128 1k (B16 H16)", 256, 1024, 128, 128, 128),
+    ("d256 8k (B2 H8)", 16, 8192, 256, 128, 64),
 ]
 
 
