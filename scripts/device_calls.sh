@@ -34,6 +34,8 @@
 #   bash scripts/device_calls.sh ab-bshd    (no carry, ~6 min) the BSHD views' cost: the top rung against `l2pf` (K/V
 #                                           tiles asked of L2 4 loads ahead) and `hgroup` / `hgroup4` (heads fastest in
 #                                           groups of 12 / 4), on BSHD views and on contiguous inputs
+#   bash scripts/device_calls.sh ncu-bshd   (no carry, ~4 min) Nsight Compute of the top rung on Wan2.1-1.3B, contiguous
+#                                           and BSHD views (after ab-bshd, if neither variant explains the views' cost)
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~7 min) causal tile order: pairs (today) vs `snake`,
 #                                           `headpairs` and `dynsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
@@ -175,6 +177,14 @@ case "${1:-}" in
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant l2pf=.ab/l2pf \
         --variant hgroup=.ab/hgroup --variant "hgroup4=.ab/hgroup@HEAD_GROUP=4" $layout --rounds 4 --no-errors \
         --shapes 4x16x4096,1x16x16384,1x12x32760 --out "$OUT/ab_bshd_order${layout:+_views}.json" 2>&1 | tail -7
+    done
+    ;;
+  ncu-bshd)   # (no carry, ~4 min) Nsight Compute of the top rung on Wan2.1-1.3B, contiguous and on BSHD views (L2 and
+              # DRAM counters, stall reasons): the measurement after ab-bshd if neither variant explains the views' cost
+    bash scripts/device_job.sh ncu "top_wan $(printf 'rung%02d' "$TOP") 1x12x32760" \
+      ncu "top_wan_bshd $(printf 'rung%02d' "$TOP") 1x12x32760 --bshd"
+    for l in top_wan top_wan_bshd; do
+      tar -xzOf "$OUT/ncu_$l.tgz" "ncu_$l.txt" | grep -E "Duration|L2 Hit Rate|DRAM Throughput|L2 Cache Throughput|Mem Busy"
     done
     ;;
   ab-top)   # ab-top VARIANT (no carry, ~3 min): the top rung against make_variants.py's VARIANT of it (thirteenth session:
