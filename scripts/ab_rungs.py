@@ -27,8 +27,10 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -73,8 +75,9 @@ COPIED = []  # what variants() copied beside the kernels (headers, NN_name_LABEL
 
 
 def cleanup():
-    """Remove the files variants() copied beside the kernels; ``__main__`` calls it however the run ends (a header
-    or source left there would enter every rung's build-cache key and the next checkout's ``git status``)."""
+    """Remove the files variants() copied beside the kernels; ``__main__`` calls it however the run ends (an error,
+    or SIGTERM from a time limit; not SIGKILL): a header or source left there would enter every rung's build-cache
+    key and the next checkout's ``git status``."""
     while COPIED:
         COPIED.pop().unlink(missing_ok=True)
 
@@ -345,6 +348,8 @@ def main():
 
 
 if __name__ == "__main__":
+    # a `timeout` or the device call's limit sends SIGTERM: leave through SystemExit, so that cleanup() runs
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         main()
     finally:

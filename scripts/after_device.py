@@ -63,13 +63,24 @@ README_NOTE = "<!-- results-note -->\n"  # followed by a blockquote on the bench
 PROSE_MARKER = "<!-- H200 bench of the re-cut: fill from the new latest.json -->"
 
 
+def _caption(text: str, begin: str) -> str:
+    """The first line of the generated block after ``begin`` (``_NVIDIA H200 · driver … · commit 8dc52f5 · …_``)."""
+    return text.split(begin, 1)[1].strip().split("\n", 1)[0] if begin in text else ""
+
+
 def retire_notes(root: Path) -> list[str]:
     """Once an H200 bench is the README's table and the pages' measured blocks: remove the paragraphs above the
-    rung pages' blocks that say the block is another card's bench (``The table below is the H100 bench …``) and the
-    blockquote under README's ``<!-- results-note -->`` that says which older bench the table is. Returns the files
-    that still hold :data:`PROSE_MARKER`, where the prose is to be written by hand (the markers stay until then)."""
+    rung pages' blocks that say the block is another card's bench (``The table below is the H100 bench …``), on
+    the pages whose block now is an H200's (``report`` refills only the pages whose rung the bench timed), and the
+    blockquote under README's ``<!-- results-note -->`` that names the bench the table was, once the table names
+    another commit. Returns the files that still hold :data:`PROSE_MARKER`, where the prose is to be written by
+    hand (the markers stay until then)."""
+    from attnclimb.bench.report import MARK_BEGIN, PAGE_BEGIN
+
     for page in sorted((root / "docs" / "rungs").glob("*.md")):
         text = page.read_text()
+        if not _caption(text, PAGE_BEGIN).startswith("_NVIDIA H200"):
+            continue
         new = PAGE_NOTE.sub("\n", text)
         if new != text:
             page.write_text(new)
@@ -82,7 +93,8 @@ def retire_notes(root: Path) -> list[str]:
         n = 0
         while n < len(lines) and lines[n].startswith(">"):
             n += 1
-        if n:
+        commit = re.search(r"· commit (\S+) ·", _caption(text, MARK_BEGIN))
+        if n and commit and commit.group(1) not in "\n".join(lines[:n]):
             while n < len(lines) and not lines[n].strip():
                 n += 1
             readme.write_text(head + README_NOTE + "\n" + "\n".join(lines[n:]))

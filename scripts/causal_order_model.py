@@ -23,7 +23,8 @@ the busiest one (1.0: perfectly even). Three orders:
   one CTA per tile): the A/B variant ``dynsched`` of ``scripts/make_variants.py`` builds it
   (:func:`dynamic_order`).
 
-Prints one row per shape. Rows of the bench's causal shapes (head_dim 64, 128 and 256; not GQA) are the default.
+Prints one row per shape. Rows of the bench's causal shapes (head_dim 64, 128 and 256; not GQA) and of
+``device_calls.sh ab-causal-order``'s (head_dim 256 at 4k and 16k too) are the default.
 """
 
 from __future__ import annotations
@@ -189,7 +190,9 @@ SHAPES = [  # (label, batch·heads, seqlen, head_dim, BLOCK_M, BLOCK_N): the top
     ("d128 8k (B2 H16)", 32, 8192, 128, 128, 128),
     ("d128 16k (B1 H16)", 16, 16384, 128, 128, 128),
     ("d128 1k (B16 H16)", 256, 1024, 128, 128, 128),
+    ("d256 4k (B4 H8)", 32, 4096, 256, 128, 64),
     ("d256 8k (B2 H8)", 16, 8192, 256, 128, 64),
+    ("d256 16k (B1 H8)", 8, 16384, 256, 128, 64),
 ]
 
 

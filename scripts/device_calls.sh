@@ -172,7 +172,8 @@ case "${1:-}" in
              # then on contiguous inputs (`ab-bshd views` or `ab-bshd contiguous`: one of them; each builds 8 kernels)
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
-    case "${2:-both}" in views) layouts=(--bshd) ;; contiguous) layouts=("") ;; *) layouts=(--bshd "") ;; esac
+    case "${2:-both}" in views) layouts=(--bshd) ;; contiguous) layouts=("") ;; both) layouts=(--bshd "") ;;
+      *) echo "ab-bshd: views, contiguous or both, not '$2'"; exit 2 ;; esac
     for layout in "${layouts[@]}"; do
       PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant l2pf=.ab/l2pf \
         --variant hgroup=.ab/hgroup --variant "hgroup4=.ab/hgroup@HEAD_GROUP=4" $layout --rounds 4 --no-errors \

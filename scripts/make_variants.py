@@ -537,6 +537,13 @@ struct Tile {
 // Work w < heads * nmb -> its tile: groups of `group` heads (the last one smaller when `group` does not divide
 // `heads`), in each group the heaviest (last) m-block first, the heads fastest. Its CPU test compiles this for the
 // host and compares it with scripts/causal_order_model.py's `dynamic` order.
+// How many query heads' K and V fit in `l2_bytes` together (query heads of a GQA group share theirs), from 1 to
+// all: `kv_bytes` is the K and V bytes that all `heads` query heads read.
+DYN_SCHED_FN int l2_heads(long long kv_bytes, int heads, int kv_group, long long l2_bytes) {
+    const long long fit = l2_bytes * kv_group / (kv_bytes / heads);
+    return static_cast<int>(fit < 1 ? 1 : fit > heads ? heads : fit);
+}
+
 DYN_SCHED_FN Tile tile_of(int w, int heads, int nmb, int group) {
     const int full = heads / group, g = w / (group * nmb);
     const int base = (g < full ? g : full) * group, size = g < full ? group : heads - full * group;
@@ -601,13 +608,7 @@ def dynsched(src: str) -> str:
         """    // A/B variant dynsched: works in the order they are handed out (dyn_sched.cuh): groups of l2_heads heads
     // whose K and V fit in CAUSAL_L2_BYTES (query heads of a GQA group share theirs), in each group the heaviest
     // m-block first, heads fastest.
-    const long long head_kv_bytes = kv_bytes / bh_count;
-#if GQA
-    const long long l2_fit = CAUSAL_L2_BYTES * kv_group / head_kv_bytes;
-#else
-    const long long l2_fit = CAUSAL_L2_BYTES / head_kv_bytes;
-#endif
-    const int l2_heads = static_cast<int>(max(1ll, min(static_cast<long long>(bh_count), l2_fit)));
+    const int l2_heads = dyn_sched::l2_heads(kv_bytes, bh_count, GQA ? kv_group : 1, CAUSAL_L2_BYTES);
     auto tile_of = [&](int work) { return work; };
     auto work_of = [&](int tile) {
         Work w;

@@ -51,7 +51,7 @@ def test_evenness_of_the_bench_shapes():
     """The pairs leave the busiest CTA 3-9 % above the mean on the bench's causal shapes (head_dim 64 at 8k the
     most: 2 752 tiles, 1 376 pairs = 10.4 per CTA); a dynamic scheduler stays within 1 % on all of them, the snake
     on those from 4k up at head_dim 64 and 128 only (at 1k and at head_dim 256 it is the pairs' 0.970: the busiest
-    CTAs have a whole pair more than the mean: 8 against 7.76 pairs at 1k, 4 against 3.88 at head_dim 256)."""
+    CTAs have a whole pair more than the mean: 8 against 7.76 pairs at 1k, 4 against 3.88 at head_dim 256 8k)."""
     got = {label: (pairs, kernel, snake, dyn) for label, pairs, kernel, snake, dyn, _, _ in model.rows()}
     assert all(p for p, *_ in got.values())  # K/V over 32 MiB on all of them: the kernel takes pairs
     assert got["d64 8k (B2 H32)"][1] < 0.93 and min(k for _, k, _, _ in got.values()) == got["d64 8k (B2 H32)"][1]

@@ -372,7 +372,19 @@ def test_l2pf_prefetches_the_kv_tiles_ahead_and_builds_without_spills(tmp_path, 
     src = (tmp_path / "l2pf" / TOP.source.name).read_text()
     assert src.count("if (nb + L2_PREFETCH_AHEAD < num_n_blocks) {") == 1
     assert src.count("l2pf::tile(&tmap_") == 2 and src.count("l2pf::tile_4d(&tmap_") == 2
-    assert "&tmap_q" not in src.split("A/B variant l2pf", 1)[1].split("ring.advance", 1)[0]
+
+    # the prefetches take load_k's boxes and coordinates, with the tile nb + L2_PREFETCH_AHEAD's first row
+    def args(call):
+        return [re.sub(r"\s+", " ", m).strip() for m in re.findall(re.escape(call) + r"\((.*?)\);", src, flags=re.S)]
+
+    loads = args("hop::tma_load_tile") + args("hop::tma_load_tile_4d")
+    k_loads = [a.split(", ", 3)[3] for a in loads if a.startswith("s_k + slot")]  # after dst, map, bar
+    pf = [a.split(", ", 1)[1] for a in args("l2pf::tile") + args("l2pf::tile_4d") if a.startswith("&tmap_k")]
+    assert (
+        len(k_loads) == 2
+        and [a.replace("nb * BLOCK_N", "pf_row").replace("bh ", "bh_kv ").replace("bh,", "bh_kv,") for a in k_loads]
+        == pf
+    ), (k_loads, pf)
     r = {
         "plain": TOP,
         "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
@@ -475,11 +487,18 @@ def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
         '#include <cstdio>\n#include "dynsched/dyn_sched.cuh"\n'
         "int main() {\n"
         "  int heads, nmb, group;\n"
-        '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3)\n'
+        '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3) {\n'
+        "    if (nmb < 0) {  // l2_heads: heads query heads, seqlen = group, head_dim 64 << -nmb, kv_group 4\n"
+        "      const long long kv = 2ll * group * (64 << -nmb) * 2 * heads;\n"
+        '      std::printf("%d %d\\n", dyn_sched::l2_heads(kv, heads, 1, 32ll << 20),\n'
+        "                  dyn_sched::l2_heads(kv, heads, 4, 32ll << 20));\n"
+        "      continue;\n"
+        "    }\n"
         "    for (int w = 0; w < heads * nmb; ++w) {\n"
         "      dyn_sched::Tile t = dyn_sched::tile_of(w, heads, nmb, group);\n"
         '      std::printf("%d %d\\n", t.head, t.mb);\n'
         "    }\n"
+        "  }\n"
         "}\n"
     )
     exe = tmp_path / "ds"
@@ -494,6 +513,15 @@ def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
         want = model.dynamic_order(heads, nmb, min(group, heads))
         assert tiles == want, (heads, nmb, group)
         assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)]
+    # the group size: the model's L2 group (all heads' K/V over per-head bytes), from 1 to all heads; a GQA group
+    # of 4 query heads shares one K/V head, so four times as many query heads fit
+    sizes = [(h, s, d) for h in (1, 8, 16, 32, 128) for s in (1024, 4096, 8192, 16384, 75600) for d in (1, 2, 3)]
+    stdin = "".join(f"{h} {-d} {s}\n" for h, s, d in sizes)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split()
+    for (h, s, d), mha, gqa in zip(sizes, map(int, out[::2]), map(int, out[1::2]), strict=True):
+        per_head = 2 * s * (64 << d) * 2  # the model's dynamic_loads
+        assert mha == min(h, max(1, (32 << 20) // per_head)), (h, s, d)
+        assert gqa == min(h, max(1, 4 * (32 << 20) // per_head)), (h, s, d)
 
 
 @pytest.mark.parametrize(
