@@ -177,6 +177,22 @@ def dynamic_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int,
     return [load for load, _ in free]
 
 
+def one_ahead_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int, cost, l2_bytes: int) -> list:
+    """The dynamic order, but each CTA takes its next tile as it starts the current one (one whole tile ahead, so
+    that the index would be known sooner): an event simulation, for comparison with :func:`dynamic_loads`."""
+    tiles = dynamic_order(heads, nmb, max(1, l2_bytes // (2 * seqlen_k * head_dim * 2)))
+    loads, nxt = [0.0] * grid, min(grid, len(tiles))
+    starts = [(0.0, c, c) for c in range(nxt)]  # (start time, CTA, tile index), in the order the CTAs take
+    heapq.heapify(starts)
+    while starts:
+        t, c, i = heapq.heappop(starts)
+        loads[c] = t + cost(tiles[i][1])
+        if nxt < len(tiles):  # taken now, run when this one ends
+            heapq.heappush(starts, (loads[c], c, nxt))
+            nxt += 1
+    return loads
+
+
 def evenness(loads: list) -> float:
     """Mean load over the busiest CTA's."""
     return sum(loads) / (len(loads) * max(loads))

@@ -61,3 +61,25 @@ def test_evenness_of_the_bench_shapes():
             assert snake == pytest.approx(kernel, abs=2e-3), label
         else:
             assert kernel < snake and snake > 0.985, label
+
+
+def test_taking_the_next_tile_one_ahead_is_worse_than_when_free():
+    """``one_ahead_loads`` runs every tile once (the loads add up to the tiles' costs) and is below the dynamic
+    order's evenness on every shape, far below at head_dim 256 (rung 16's page: why ``dynsched`` takes each next
+    work when the Q buffer is free, not as the current work starts)."""
+    import math
+
+    for label, heads, s, d, bm, bn in model.SHAPES:
+        nmb = math.ceil(s / bm)
+        grid = min(model.SMS, heads * nmb)
+
+        def cost(mb, bm=bm, bn=bn, s=s):
+            return model.tile_cost(mb, bm, bn, s, 1.0)
+
+        ahead = model.one_ahead_loads(heads, nmb, d, s, grid, cost, model.L2_BYTES)
+        # a CTA starts each tile as its last ends: its end time is its load, and the loads add up to all the work
+        assert sum(ahead) == pytest.approx(heads * sum(cost(mb) for mb in range(nmb))), label
+        dyn = model.evenness(model.dynamic_loads(heads, nmb, d, s, grid, cost, model.L2_BYTES))
+        assert model.evenness(ahead) < dyn, label
+        if d == 256:
+            assert model.evenness(ahead) < 0.93, label
