@@ -298,24 +298,34 @@ def test_headpairs_closed_form_equals_the_scan():
                         )
 
 
+def _host_program(tmp_path, header, main_body):
+    """The variants written to ``tmp_path``, and a host program that includes ``header`` (``VARIANT/NAME.cuh``)
+    with ``main_body`` (the text after the includes), compiled with the host C++ compiler (the test is skipped
+    without one); returns ``run(stdin) -> stdout``."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip(f"no host C++ compiler to run {header}")
+    _load().main(str(tmp_path))
+    src, exe = tmp_path / "host.cpp", tmp_path / "host"
+    src.write_text(f'#include <cstdio>\n#include "{header}"\n' + main_body)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, cwd=tmp_path)
+    return lambda stdin: subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.parametrize("tail_rounds", [0, 2, 5])
 def test_headpairs_order_visits_every_tile_once_and_matches_its_header(tmp_path, tail_rounds):
     """causal_order.cuh (compiled for the host) and the model's mirror give the same tile for every work, and
     the works 0 .. heads·nmb - 1 (CTA w % grid) visit every (head, m-block) once."""
-    import shutil
-    import subprocess
-
     model = _order_model()
     for heads, nmb, grid in ORDER_CASES:
         tiles = [model.head_pairs_then_tail(w, grid, heads, nmb, tail_rounds) for w in range(heads * nmb)]
         assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)], (heads, nmb, grid)
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler to check causal_order.cuh against the model")
-    _load().main(str(tmp_path))
-    main = tmp_path / "order.cpp"
-    main.write_text(
-        '#include <cstdio>\n#include "headpairs/causal_order.cuh"\n'
+    run = _host_program(
+        tmp_path,
+        "headpairs/causal_order.cuh",
         "int main(int argc, char** argv) {\n"
         "  int heads, nmb, grid, tail;\n"
         '  while (std::scanf("%d %d %d %d", &heads, &nmb, &grid, &tail) == 4)\n'
@@ -323,12 +333,9 @@ def test_headpairs_order_visits_every_tile_once_and_matches_its_header(tmp_path,
         "      causal_order::Tile t = causal_order::head_pairs_then_tail(w, grid, heads, nmb, tail);\n"
         '      std::printf("%d %d\\n", t.head, t.mb);\n'
         "    }\n"
-        "}\n"
+        "}\n",
     )
-    exe = tmp_path / "order"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
-    stdin = "".join(f"{h} {n} {g} {tail_rounds}\n" for h, n, g in ORDER_CASES)
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split("\n")
+    out = run("".join(f"{h} {n} {g} {tail_rounds}\n" for h, n, g in ORDER_CASES)).split("\n")
     want = [
         f"{h} {m}"
         for heads, nmb, grid in ORDER_CASES
@@ -411,16 +418,9 @@ def test_hgroup_order_visits_every_tile_once(tmp_path):
     """head_group.cuh (compiled for the host): for every head count, m-block count and group size the tiles
     0 .. heads·nmb - 1 visit every (head, m-block) once; a group of 1 is the top rung's head-major order
     (``bh = tile / nmb``); inside a group of several heads the heads come fastest, the m-blocks ascending."""
-    import shutil
-    import subprocess
-
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler to run head_group.cuh")
-    _load().main(str(tmp_path))
-    main = tmp_path / "hg.cpp"
-    main.write_text(
-        '#include <cstdio>\n#include "hgroup/head_group.cuh"\n'
+    run = _host_program(
+        tmp_path,
+        "hgroup/head_group.cuh",
         "int main() {\n"
         "  int heads, nmb, group;\n"
         '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3)\n'
@@ -428,13 +428,10 @@ def test_hgroup_order_visits_every_tile_once(tmp_path):
         "      head_group::Tile x = head_group::tile_of(t, heads, nmb, group);\n"
         '      std::printf("%d %d\\n", x.head, x.mb);\n'
         "    }\n"
-        "}\n"
+        "}\n",
     )
-    exe = tmp_path / "hg"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
     cases = [(h, n, g) for h in (1, 2, 3, 5, 12, 13, 16, 64) for n in (1, 2, 7, 171) for g in (1, 2, 3, 4, 12, 100)]
-    stdin = "".join(f"{h} {n} {g}\n" for h, n, g in cases)
-    out = iter(subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split())
+    out = iter(run("".join(f"{h} {n} {g}\n" for h, n, g in cases)).split())
     for heads, nmb, group in cases:
         tiles = [(int(next(out)), int(next(out))) for _ in range(heads * nmb)]
         assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(nmb)], (heads, nmb, group)
@@ -474,17 +471,10 @@ def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
     """dyn_sched.cuh's ``tile_of`` (compiled for the host) hands the tiles out in the order of
     scripts/causal_order_model.py's ``dynamic_order``, whose list scheduling gives the model's ``dynamic`` column:
     every (head, m-block) once, the heaviest m-block first in each group of heads."""
-    import shutil
-    import subprocess
-
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler to run dyn_sched.cuh")
     model = _order_model()
-    _load().main(str(tmp_path))
-    main = tmp_path / "ds.cpp"
-    main.write_text(
-        '#include <cstdio>\n#include "dynsched/dyn_sched.cuh"\n'
+    run = _host_program(
+        tmp_path,
+        "dynsched/dyn_sched.cuh",
         "int main() {\n"
         "  int heads, nmb, group;\n"
         '  while (std::scanf("%d %d %d", &heads, &nmb, &group) == 3) {\n'
@@ -499,14 +489,10 @@ def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
         '      std::printf("%d %d\\n", t.head, t.mb);\n'
         "    }\n"
         "  }\n"
-        "}\n"
+        "}\n",
     )
-    exe = tmp_path / "ds"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(main)], check=True, cwd=tmp_path)
     cases = [(h, n, g) for h in (1, 2, 3, 5, 16, 64) for n in (1, 2, 7, 64) for g in (1, 2, 3, 4, 16)]
-    out = subprocess.run(
-        [str(exe)], input="".join(f"{h} {n} {g}\n" for h, n, g in cases), capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = run("".join(f"{h} {n} {g}\n" for h, n, g in cases)).split()
     got = iter(zip(map(int, out[::2]), map(int, out[1::2])))
     for heads, nmb, group in cases:
         tiles = [next(got) for _ in range(heads * nmb)]
@@ -516,8 +502,7 @@ def test_dynsched_order_is_the_models_dynamic_order(tmp_path):
     # the group size: the model's L2 group (all heads' K/V over per-head bytes), from 1 to all heads; a GQA group
     # of 4 query heads shares one K/V head, so four times as many query heads fit
     sizes = [(h, s, d) for h in (1, 8, 16, 32, 128) for s in (1024, 4096, 8192, 16384, 75600) for d in (1, 2, 3)]
-    stdin = "".join(f"{h} {-d} {s}\n" for h, s, d in sizes)
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split()
+    out = run("".join(f"{h} {-d} {s}\n" for h, s, d in sizes)).split()
     for (h, s, d), mha, gqa in zip(sizes, map(int, out[::2]), map(int, out[1::2]), strict=True):
         per_head = 2 * s * (64 << d) * 2  # the model's dynamic_loads
         assert mha == min(h, max(1, (32 << 20) // per_head)), (h, s, d)
