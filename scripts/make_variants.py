@@ -33,8 +33,9 @@
   positions of several heads at once: in a BSHD view those rows lie side by side (one 3-KB row of all 12 heads at
   Wan2.1-1.3B) where today's order reads 256 B of each; the other test of the BSHD views' cost (twenty-third
   session; not yet timed: ``device_calls.sh ab-bshd``);
-* ``dynsched/…`` + ``dyn_sched.cuh``: causal builds only: each CTA's next work tile handed out at run time (an atomic
-  counter, FlashAttention-3's persistent "longest processing time first" idea) in the order heaviest m-block first
+* ``dynsched/…`` + ``dyn_sched.cuh`` (on ``hgroup``'s ``head_group.cuh``): causal builds only: each CTA's next
+  work tile handed out at run time (an atomic counter, FlashAttention-3's persistent "longest processing time
+  first" idea) in the order heaviest m-block first
   within groups of heads whose K and V fit in ``CAUSAL_L2_BYTES``, heads fastest; the producer takes the next
   work once the Q buffer is free (the consumers' last S of the current one) and publishes it with its Q, and the
   turns' last hand-off is taken by one more wait of warpgroup 0. FlashAttention-4's Hopper path orders its causal
@@ -523,20 +524,13 @@ DYN_SCHED_HEADER = """// A/B variant (scripts/make_variants.py `dynsched`): caus
 // build on two streams at once would share them, and one launch's reset in the middle of the other's would
 // leave the counters wrong for every later launch (an A/B variant for one stream, not a rung).
 #pragma once
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define DYN_SCHED_FN __host__ __device__ __forceinline__
-#else
-#define DYN_SCHED_FN inline
-#endif
+#include "head_group.cuh"  // the grouped order with the heads fastest (the `hgroup` variant's)
+
+#define DYN_SCHED_FN HEAD_GROUP_FN
 
 namespace dyn_sched {
-struct Tile {
-    int head, mb;  // index of the (batch, head) and the m-block
-};
+using Tile = head_group::Tile;
 
-// Work w < heads * nmb -> its tile: groups of `group` heads (the last one smaller when `group` does not divide
-// `heads`), in each group the heaviest (last) m-block first, the heads fastest. Its CPU test compiles this for the
-// host and compares it with scripts/causal_order_model.py's `dynamic` order.
 // How many query heads' K and V fit in `l2_bytes` together (query heads of a GQA group share theirs), from 1 to
 // all: `kv_bytes` is the K and V bytes that all `heads` query heads read.
 DYN_SCHED_FN int l2_heads(long long kv_bytes, int heads, int kv_group, long long l2_bytes) {
@@ -544,11 +538,13 @@ DYN_SCHED_FN int l2_heads(long long kv_bytes, int heads, int kv_group, long long
     return static_cast<int>(fit < 1 ? 1 : fit > heads ? heads : fit);
 }
 
+// Work w < heads * nmb -> its tile: head_group.cuh's order (groups of `group` heads, the last one smaller when
+// `group` does not divide `heads`, the heads fastest) with the m-blocks reversed: the heaviest (last) first. Its
+// CPU test compiles this for the host and compares it with scripts/causal_order_model.py's `dynamic` order.
 DYN_SCHED_FN Tile tile_of(int w, int heads, int nmb, int group) {
-    const int full = heads / group, g = w / (group * nmb);
-    const int base = (g < full ? g : full) * group, size = g < full ? group : heads - full * group;
-    const int i = w - base * nmb;  // index inside the group
-    return Tile{base + i % size, nmb - 1 - i / size};
+    Tile t = head_group::tile_of(w, heads, nmb, group);
+    t.mb = nmb - 1 - t.mb;
+    return t;
 }
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -778,7 +774,7 @@ def main(out=".ab"):
         ("headpairs", headpairs, {"causal_order.cuh": CAUSAL_ORDER_HEADER}),
         ("l2pf", l2pf, {"l2prefetch.cuh": L2PF_HEADER}),
         ("hgroup", hgroup, {"head_group.cuh": HEAD_GROUP_HEADER}),
-        ("dynsched", dynsched, {"dyn_sched.cuh": DYN_SCHED_HEADER}),
+        ("dynsched", dynsched, {"dyn_sched.cuh": DYN_SCHED_HEADER, "head_group.cuh": HEAD_GROUP_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

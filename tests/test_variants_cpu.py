@@ -66,10 +66,13 @@ def test_generator_refuses_a_source_it_does_not_recognise():
 
 
 def _inlined(d, name=TOP.source.name):
-    """The variant ``name`` in folder ``d`` with its own headers inlined (their includes resolve in the kernels)."""
-    src = (d / name).read_text()
-    for h in d.glob("*.cuh"):
-        src = src.replace(f'#include "{h.name}"', h.read_text().replace("#pragma once\n", ""))
+    """The variant ``name`` in folder ``d`` with its own headers inlined, each once, also where one includes another
+    (the package's includes resolve in the kernels)."""
+    src, headers, done = (d / name).read_text(), {h.name: h for h in d.glob("*.cuh")}, set()
+    while inc := next((n for n in headers if f'#include "{n}"' in src), None):
+        body = "" if inc in done else headers[inc].read_text().replace("#pragma once\n", "")
+        src = src.replace(f'#include "{inc}"', body, 1)
+        done.add(inc)
     return src
 
 
