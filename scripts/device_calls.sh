@@ -5,6 +5,8 @@
 #   bash scripts/device_calls.sh sanitize   carry .peers/q2:  stage FA4 part 2, compute-sanitizer on the top rung's feature
 #                                           and fp16 variants and on every rung from 10 to the top, plain; then a
 #                                           causal A/B timing of the top three rungs (3 rounds, ab_causal.json)
+#   bash scripts/device_calls.sh first      carry .peers/x1: a session's first call: stage FA4's first half; on a card
+#                                           other than an H200, the fp16 sanitizers and ab-causal-order too
 #   bash scripts/device_calls.sh sanitize-below  (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets
 #                                           of the rungs below the top that have them (10-15; long K/V 12-15)
 #   bash scripts/device_calls.sh stage q3   carry .peers/q3:  stage FA4 part 3 (nothing else; between sanitize and peers);
@@ -40,6 +42,8 @@
 #                                           `headpairs` and `dynsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
+# Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it only
+# stages, and on an H100 (what came after nine failed starts that session) it runs steps (3) and (4) instead.
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
 # back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
@@ -104,6 +108,17 @@ case "${1:-}" in
     ;;
   stage)   # stage q3 (carry .peers/q3): one part of FA4's wheels into /tmp/fa4, nothing else
     mkdir -p /tmp/fa4 && cp ".peers/${2:?stage which part, e.g. q3}"/* /tmp/fa4/ && ls /tmp/fa4
+    ;;
+  first)   # (carry .peers/x1) the first call of a session whatever card comes: stage FA4's first half; on an H200
+           # that is all (the bench call, carrying .peers/x2, must follow at once); on any other card (an H100 when
+           # no H200 started) the card-independent work instead: the top rung's fp16 set under the sanitizers and
+           # the causal-order A/B (~10 min, so give the call 600 s), since the bench must wait for an H200
+    mkdir -p /tmp/fa4 && cp .peers/x1/* /tmp/fa4/ && ls /tmp/fa4
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
+    case $gpu in
+      *H200*) echo "H200: next, carry .peers/x2: bash scripts/device_calls.sh peers-bench; LADDER_ROUNDS=3 bash scripts/device_calls.sh ladder" ;;
+      *) timeout 270 bash scripts/device_job.sh sanitize fp16; timeout 300 bash "$0" ab-causal-order ;;
+    esac
     ;;
   sanitize-below)   # (no carry) compute-sanitizer on the feature, fp16 and long-K/V sets of the rungs below the top
                     # that have them (rungs 10-15 since the re-cut: features without the turns; 12-15 with
