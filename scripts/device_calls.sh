@@ -43,7 +43,7 @@
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it only
-# stages, and on an H100 (what came after nine failed starts that session) it runs steps (3) and (4) instead.
+# stages, and on an H100 (what came after eleven failed starts that session) it runs steps (3) and (4) instead.
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
 # back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
