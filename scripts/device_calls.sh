@@ -112,7 +112,8 @@ case "${1:-}" in
   first)   # (carry .peers/x1) the first call of a session whatever card comes: stage FA4's first half; on an H200
            # that is all (the bench call, carrying .peers/x2, must follow at once); on any other card (an H100 when
            # no H200 started) the card-independent work instead: the top rung's fp16 set under the sanitizers and
-           # the causal-order A/B (~10 min, so give the call 600 s), since the bench must wait for an H200
+           # the causal-order A/B cut at 300 s (head_dim 64 and most of 128 of its ~7 min; an H100's ratios only
+           # point the way for the H200's), ~10 min in all, so give the call 600 s: the bench must wait for an H200
     mkdir -p /tmp/fa4 && cp .peers/x1/* /tmp/fa4/ && ls /tmp/fa4
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
     case $gpu in
