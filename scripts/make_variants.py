@@ -568,6 +568,12 @@ __device__ __forceinline__ void finish() {
 """
 
 
+def _causal_or(src: str, old: str, causal: str) -> str:
+    """``old`` (once in ``src``) kept for the non-causal builds and ``causal`` in its place for the causal ones:
+    the dynsched variant's changes, which apply to causal builds only."""
+    return _sub(src, old, f"#if CAUSAL  // A/B variant dynsched\n{causal}#else\n{old}#endif\n", 1)
+
+
 def dynsched(src: str) -> str:
     """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
     order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
@@ -625,7 +631,7 @@ def dynsched(src: str) -> str:
     )
     # producer: the next work taken once the Q buffer is free (every consumer warp's last S done), published with
     # its Q; past the last one, -1 and a bare arrival on bar_q
-    src = _sub(
+    src = _causal_or(
         src,
         "            for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
         "                const Work w = work_of(tile_of(work));\n"
@@ -634,7 +640,6 @@ def dynsched(src: str) -> str:
         "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
         "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
         "                TRACE_END(WAIT_Q_EMPTY);\n",
-        "#if CAUSAL  // A/B variant dynsched\n"
         "            for (int it = 0;; ++it) {\n"
         "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
         "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
@@ -647,17 +652,7 @@ def dynsched(src: str) -> str:
         "                }\n"
         "                sched_work = work;\n"
         "                const Work w = work_of(tile_of(work));\n"
-        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n"
-        "#else\n"
-        "            for (int work = blockIdx.x, it = 0; tile_of(work) < num_tiles; work += gridDim.x, ++it) {\n"
-        "                const Work w = work_of(tile_of(work));\n"
-        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n"
-        "                // The Q buffer is free once every consumer warp's last S of the previous work tile is done.\n"
-        "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
-        "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
-        "                TRACE_END(WAIT_Q_EMPTY);\n"
-        "#endif\n",
-        1,
+        "                const int bh = w.bh, m_start = w.m_start, bh_kv = w.bh_kv, num_n_blocks = w.num_n;\n",
     )
     src = _sub(
         src,
@@ -690,17 +685,11 @@ def dynsched(src: str) -> str:
     )
     # the turns: the last hand-off to warpgroup 0 always made (whether a next work comes is not known yet) and
     # taken by one more wait of warpgroup 0 after the loop
-    src = _sub(
+    src = _causal_or(
         src,
         "        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) "
         "|| tile_of(work + gridDim.x) < num_tiles)\n",
-        "#if CAUSAL  // A/B variant dynsched\n"
-        "        if (true)\n"
-        "#else\n"
-        "        if ((CONSUMER_WGS == 2 ? wg == 0 : wg != CONSUMER_WGS - 1) "
-        "|| tile_of(work + gridDim.x) < num_tiles)\n"
-        "#endif\n",
-        1,
+        "        if (true)\n",
     )
     return _sub(
         src,
