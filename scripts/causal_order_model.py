@@ -167,11 +167,15 @@ def dynamic_order(heads: int, nmb: int, group: int) -> list:
     ]
 
 
+def l2_group(head_dim: int, seqlen_k: int, l2_bytes: int) -> int:
+    """How many heads' K and V (bf16, ``seqlen_k`` rows of ``head_dim`` each) fit in ``l2_bytes``; at least 1."""
+    return max(1, l2_bytes // (2 * seqlen_k * head_dim * 2))
+
+
 def dynamic_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int, cost, l2_bytes: int) -> list:
     """Greedy list scheduling of the tiles, heaviest m-block first within L2-sized groups of heads."""
-    per_head = 2 * seqlen_k * head_dim * 2
     free = [(0.0, c) for c in range(grid)]
-    for _, mb in dynamic_order(heads, nmb, max(1, l2_bytes // per_head)):
+    for _, mb in dynamic_order(heads, nmb, l2_group(head_dim, seqlen_k, l2_bytes)):
         load, c = heapq.heappop(free)
         heapq.heappush(free, (load + cost(mb), c))
     return [load for load, _ in free]
@@ -180,7 +184,7 @@ def dynamic_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int,
 def one_ahead_loads(heads: int, nmb: int, head_dim: int, seqlen_k: int, grid: int, cost, l2_bytes: int) -> list:
     """The dynamic order, but each CTA takes its next tile as it starts the current one (one whole tile ahead, so
     that the index would be known sooner): an event simulation, for comparison with :func:`dynamic_loads`."""
-    tiles = dynamic_order(heads, nmb, max(1, l2_bytes // (2 * seqlen_k * head_dim * 2)))
+    tiles = dynamic_order(heads, nmb, l2_group(head_dim, seqlen_k, l2_bytes))
     loads, nxt = [0.0] * grid, min(grid, len(tiles))
     starts = [(0.0, c, c) for c in range(nxt)]  # (start time, CTA, tile index), in the order the CTAs take
     heapq.heapify(starts)
