@@ -42,8 +42,10 @@
 #                                           `headpairs` and `dynsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
-# Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it only
-# stages, and on an H100 (what came after eleven failed starts that session) it runs steps (3) and (4) instead.
+# Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it
+# stages and, since the twenty-fifth, runs the ladder of step (2) (so step (2) is `bash $D peers-bench; timeout 240
+# bash $J sanitize fp16`, each call well inside 600 s), and on an H100 (what came after eleven failed starts in the
+# twenty-fourth session) it runs steps (3) and (4) instead.
 # With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
 # back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
 # keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
@@ -110,14 +112,16 @@ case "${1:-}" in
     mkdir -p /tmp/fa4 && cp ".peers/${2:?stage which part, e.g. q3}"/* /tmp/fa4/ && ls /tmp/fa4
     ;;
   first)   # (carry .peers/x1) the first call of a session whatever card comes: stage FA4's first half; on an H200
-           # that is all (the bench call, carrying .peers/x2, must follow at once); on any other card (an H100 when
+           # then the ladder (3 rounds, ~4 min: it needs no FA4), and the bench call, carrying .peers/x2, must follow
+           # at once; on any other card (an H100 when
            # no H200 started) the card-independent work instead: the top rung's fp16 set under the sanitizers and
            # the causal-order A/B cut at 300 s (head_dim 64 and most of 128 of its ~7 min; an H100's ratios only
            # point the way for the H200's), ~10 min in all, so give the call 600 s: the bench must wait for an H200
     mkdir -p /tmp/fa4 && cp .peers/x1/* /tmp/fa4/ && ls /tmp/fa4
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
     case $gpu in
-      *H200*) echo "H200: next, carry .peers/x2: bash scripts/device_calls.sh peers-bench; LADDER_ROUNDS=3 bash scripts/device_calls.sh ladder" ;;
+      *H200*) LADDER_ROUNDS=3 timeout 420 bash "$0" ladder
+              echo "H200: next, at once, carry .peers/x2: bash scripts/device_calls.sh peers-bench; timeout 240 bash scripts/device_job.sh sanitize fp16" ;;
       *) timeout 270 bash scripts/device_job.sh sanitize fp16; timeout 300 bash "$0" ab-causal-order ;;
     esac
     ;;
