@@ -64,6 +64,11 @@ class Rung:
         l2_promotion: the L2 fetch size its TMA tensor maps ask for on a miss, in bytes (0: none, the default;
             64, 128 or 256: ``CU_TENSOR_MAP_L2_PROMOTION_L2_*``, CUDA Driver API ``cuTensorMapEncodeTiled``).
             A launch-side setting (the kernel source is the same); the tensor maps' cache keys hold it.
+        causal_per_tile: a persistent rung's causal launches get one CTA per work tile (``gridDim.x ==
+            num_tiles``, so each CTA's loop runs once) instead of the persistent grid, and the hardware's block
+            scheduler hands each next tile to the first SM that frees up (FlashAttention-4's Hopper path's
+            causal dispatch); a launch-side setting for A/B variants (``scripts/make_variants.py`` ``hwsched``).
+            False on every rung.
     """
 
     number: int
@@ -87,6 +92,7 @@ class Rung:
     causal_short: tuple | None = None
     l2_promotion: int = 0
     long_kv: tuple | None = None
+    causal_per_tile: bool = False
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:

@@ -23,6 +23,12 @@ the busiest one (1.0: perfectly even). Three orders:
   one CTA per tile): the A/B variant ``dynsched`` of ``scripts/make_variants.py`` builds it
   (:func:`dynamic_order`).
 
+A second table compares total times, not evenness: the kernel's busiest CTA over the busiest CTA of ``dynamic``
+when each work tile also pays ``--per-tile-fill`` more K/V tiles, the Q load and first K/V tiles that a persistent
+CTA issues under its previous tile's last P·V and epilogue, and a CTA launched for one tile cannot: the A/B
+variant ``hwsched`` (one CTA per causal tile, the hardware handing them out, ``Rung.causal_per_tile``;
+:func:`per_tile_speedups`).
+
 Prints one row per shape. Rows of the bench's causal shapes (head_dim 64, 128 and 256; not GQA) and of
 ``device_calls.sh ab-causal-order``'s (head_dim 256 at 4k and 16k too) are the default.
 """
@@ -238,6 +244,29 @@ def rows(overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
     return out
 
 
+def per_tile_speedups(fills=(0.5, 1.0, 2.0), overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
+    """``(label, dynsched, [hwsched per fill])``: the kernel's order's busiest CTA load over ``dynamic``'s, minus 1
+    (the predicted gain), for ``dynamic`` as it is (``dynsched``, persistent) and with each work tile costing
+    ``fill`` more K/V tiles (``hwsched``: one CTA per tile, whose Q and first K/V loads nothing overlaps)."""
+    out = []
+    for label, heads, s, d, bm, bn in shapes:
+        nmb = math.ceil(s / bm)
+        grid = min(sms, heads * nmb)
+
+        def cost(mb, bm=bm, bn=bn, s=s, extra=0.0):
+            return tile_cost(mb, bm, bn, s, overhead + extra)
+
+        pairs = by_pairs(heads, nmb, s, d, bm, grid, L2_BYTES)
+        kernel = max(static_loads(kernel_order(heads, nmb, pairs, grid), grid, cost))
+        dyn = max(dynamic_loads(heads, nmb, d, s, grid, cost, L2_BYTES))
+        hw = [
+            kernel / max(dynamic_loads(heads, nmb, d, s, grid, lambda mb, f=f: cost(mb, extra=f), L2_BYTES)) - 1
+            for f in fills
+        ]
+        out.append((label, kernel / dyn - 1, hw))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--overhead", type=float, default=1.0, help="per work tile, in K/V tiles (default 1)")
@@ -248,6 +277,12 @@ def main(argv=None) -> int:
     for label, pairs, kernel, snake, dynamic, tail, hp in rows(args.overhead):
         kind = "pairs" if pairs else "snake"
         print(f"{label:20s} {kind:6s} {kernel:7.3f} {snake:7.3f} {dynamic:8.3f} {tail:11.3f} {hp:10.3f}")
+    fills = (0.5, 1.0, 2.0)
+    print(
+        "\npredicted gain over the kernel's order: dynsched, and hwsched with a fill of 0.5 / 1 / 2 K/V tiles per tile"
+    )
+    for label, dyn, hw in per_tile_speedups(fills, args.overhead):
+        print(f"{label:20s} {100 * dyn:+6.1f} %   " + " ".join(f"{100 * g:+6.1f} %" for g in hw))
     return 0
 
 

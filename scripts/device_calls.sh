@@ -39,7 +39,7 @@
 #   bash scripts/device_calls.sh ncu-bshd   (no carry, ~4 min) Nsight Compute of the top rung on Wan2.1-1.3B, contiguous
 #                                           and BSHD views (after ab-bshd, if neither variant explains the views' cost)
 #   bash scripts/device_calls.sh ab-causal-order  (no carry, ~7 min) causal tile order: pairs (today) vs `snake`,
-#                                           `headpairs` and `dynsched`, head_dim 64, 128 and 256
+#                                           `dynsched` and `hwsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
 # Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it
@@ -52,7 +52,7 @@
 # `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
 # the ladder); (3) no carry: `bash $J sanitize fp16` (the top rung's fp16 set, issue 13's "done when"; its feature set
 # passed all three tools on an H100 in the twenty-fourth session in under 4 min; fp16 about as long);
-# (4) no carry: `bash $D ab-causal-order` (~7 min: snake, headpairs, dynsched); (5) no carry: `bash $D ab-bshd views`
+# (4) no carry: `bash $D ab-causal-order` (~7 min: snake, dynsched, hwsched); (5) no carry: `bash $D ab-bshd views`
 # (the BSHD views' cost, twenty-third session); (6) whatever time is left: `bash $D ab-bshd contiguous; bash $D
 # trace-d64`, the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
@@ -240,18 +240,23 @@ json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd
     ;;
   ab-causal-order)   # (no carry, ~7 min; FA4 too if an earlier call installed it) the top rung against `snake`, itself
                      # with CAUSAL_L2_BYTES past any K/V (the heaviest-first snake at every size instead of the pairs),
-                     # `headpairs` (make_variants.py: pairs inside each head, the last rounds in a snake; L2-friendly)
-                     # and `dynsched` (works handed out at run time, heaviest first in L2-sized head groups: FA4's
-                     # causal order, persistent): scripts/causal_order_model.py predicts +2-9 % at head_dim 64 where
-                     # the pairs leave CTAs idle, +2-3 % at 128 and 256 (dynsched)
+                     # `dynsched` (works handed out at run time from a counter, heaviest first in L2-sized head groups:
+                     # FA4's causal order, persistent) and `hwsched` (the same order, one CTA per tile, the hardware
+                     # handing them out: FA4's causal dispatch); scripts/causal_order_model.py predicts +2-9 % at
+                     # head_dim 64 where the pairs leave CTAs idle, +2-3 % at 128 and 256 (dynsched; hwsched the same
+                     # less a pipeline fill per tile). CAUSAL_ORDER_VARIANTS (default "snake dynsched hwsched") picks
+                     # them; `headpairs` (pairs inside each head, the last rounds in a snake) is the fourth
     export PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH}
     PYTHONPATH=.:$PYTHONPATH python3 scripts/make_variants.py .ab > /dev/null || exit 1
+    vargs=(); for v in ${CAUSAL_ORDER_VARIANTS:-snake dynsched hwsched}; do case $v in
+      snake) vargs+=(--variant "snake=.ab/base@CAUSAL_L2_BYTES=1099511627776") ;;
+      hwsched) vargs+=(--variant "hwsched=.ab/hwsched@causal_per_tile=1") ;;
+      *) vargs+=(--variant "$v=.ab/$v") ;; esac; done
     for d in 64 128 256; do
       case $d in 64) shp=4x32x4096,2x32x8192,1x32x16384 ;; 128) shp=16x16x1024,4x16x4096,2x16x8192,1x16x16384 ;;
         256) shp=4x8x4096,2x8x8192,1x8x16384 ;; esac
-      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" --variant "snake=.ab/base@CAUSAL_L2_BYTES=1099511627776" \
-        --variant headpairs=.ab/headpairs --variant dynsched=.ab/dynsched --head-dim $d --causal --rounds 4 --shapes $shp \
-        --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -8
+      PYTHONPATH=.:$PYTHONPATH python3 scripts/ab_rungs.py --rungs "$TOP" "${vargs[@]}" --head-dim $d --causal --rounds 4 \
+        --shapes $shp --out "$OUT/ab_causal_order_d$d.json" 2>&1 | tail -8
     done
     ;;
   trace-d64)   # (no carry, ~1 min) the top rung's head_dim 64 timelines, non-causal and causal, 1x36x4096x4096 (K/V of

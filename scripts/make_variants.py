@@ -43,6 +43,13 @@
   ``dynamic`` column: +2 to +3 % at head_dim 128 and 256, +3 to +9 % at 64 (twenty-third session; not yet timed:
   ``device_calls.sh ab-causal-order``). The counters are module globals that the last CTA resets: launches of one
   build on two streams at once would share them, so this is an A/B variant, not a rung;
+* ``hwsched/…`` + ``dyn_sched.cuh``: ``dynsched``'s causal order without its counter, timed with
+  ``Rung.causal_per_tile`` (``ab_rungs.py --variant hwsched=.ab/hwsched@causal_per_tile=1``): one CTA per causal
+  work tile, the hardware handing the blocks to SMs as they free up, which is FlashAttention-4's Hopper path's
+  causal dispatch exactly, and safe for launches on many streams as it is (no global state). It pays the Q load
+  and first K/V tiles of every tile unoverlapped; ``scripts/causal_order_model.py``'s second table: +3.6 to +5.7 %
+  at head_dim 64 8k/16k with a fill of one K/V tile, −3 to −14 % where tiles are short (4k at head_dim 128, 1k)
+  (twenty-fifth session; not yet timed: ``device_calls.sh ab-causal-order``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
   front of the exponentials (what each part of the work costs; ``device_calls.sh diag``).
@@ -574,14 +581,14 @@ def _causal_or(src: str, old: str, causal: str) -> str:
     return _sub(src, old, f"#if CAUSAL  // A/B variant dynsched\n{causal}#else\n{old}#endif\n", 1)
 
 
-def dynsched(src: str) -> str:
-    """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
-    order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
+def _dyn_order(src: str) -> str:
+    """The causal work order of ``dynsched`` and ``hwsched``: work w is tile w, tile -> (head, m-block) heaviest
+    first within L2-sized groups of heads, heads fastest (``dyn_sched.cuh``)."""
     src = _sub(
         src, '#include "wgmma_desc.cuh"\n', '#include "wgmma_desc.cuh"\n#include "dyn_sched.cuh"  // A/B variant\n', 1
     )
     # the order: work w is tile w; tile -> (head, m-block) heaviest first in groups of heads that fit L2
-    src = _sub(
+    return _sub(
         src,
         "#if GQA  // query heads of one group share them: kv_bytes / kv_group > L2 (floored), "
         """without a 64-bit division
@@ -607,9 +614,9 @@ def dynsched(src: str) -> str:
             mb = num_m_blocks - 1 - tile / bh_count;
         }
 """,
-        """    // A/B variant dynsched: works in the order they are handed out (dyn_sched.cuh): groups of l2_heads heads
-    // whose K and V fit in CAUSAL_L2_BYTES (query heads of a GQA group share theirs), in each group the heaviest
-    // m-block first, heads fastest.
+        """    // A/B variants dynsched, hwsched: works in the order they are handed out (dyn_sched.cuh): groups of
+    // l2_heads heads whose K and V fit in CAUSAL_L2_BYTES (query heads of a GQA group share theirs), in each group
+    // the heaviest m-block first, heads fastest.
     const int l2_heads = dyn_sched::l2_heads(kv_bytes, bh_count, GQA ? kv_group : 1, CAUSAL_L2_BYTES);
     auto tile_of = [&](int work) { return work; };
     auto work_of = [&](int tile) {
@@ -620,6 +627,20 @@ def dynsched(src: str) -> str:
 """,
         1,
     )
+
+
+def hwsched(src: str) -> str:
+    """Causal builds: ``dynsched``'s order without its counter, for a launch of one CTA per causal work tile
+    (``ab_rungs.py --variant hwsched=DIR@causal_per_tile=1``): with ``gridDim.x == num_tiles`` each CTA's loop runs
+    once, on tile ``blockIdx.x``, and the hardware's block scheduler hands each next block to the first SM that
+    frees up: FlashAttention-4's Hopper path's causal dispatch. Non-causal builds are the top rung's."""
+    return _dyn_order(src)
+
+
+def dynsched(src: str) -> str:
+    """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
+    order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
+    src = _dyn_order(src)
     src = _sub(
         src,
         "    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait\n",
@@ -764,6 +785,7 @@ def main(out=".ab"):
         ("l2pf", l2pf, {"l2prefetch.cuh": L2PF_HEADER}),
         ("hgroup", hgroup, {"head_group.cuh": HEAD_GROUP_HEADER}),
         ("dynsched", dynsched, {"dyn_sched.cuh": DYN_SCHED_HEADER, "head_group.cuh": HEAD_GROUP_HEADER}),
+        ("hwsched", hwsched, {"dyn_sched.cuh": DYN_SCHED_HEADER, "head_group.cuh": HEAD_GROUP_HEADER}),
     ):
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)

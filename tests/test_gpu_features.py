@@ -191,6 +191,31 @@ def test_head_dims_match_float64(head_dim, causal, shape):
     check_lse(lse, lse_exact(q, k, sc, causal=causal), _bound(q, k, sc))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("shape", [(3, 40, 700, 700), (2, 3, 1000, 1000), (1, 2, 129, 1000)])
+def test_causal_one_cta_per_tile(shape, head_dim):
+    """``Rung.causal_per_tile`` (the launch of the ``hwsched`` A/B, scripts/make_variants.py): a causal call gets
+    one CTA per work tile, so each CTA's loop runs once (here on the top rung's own order), against float64; a
+    non-causal call keeps the persistent grid."""
+    import dataclasses
+
+    rung = dataclasses.replace(TOP, causal_per_tile=True)
+    g = torch.Generator(device="cuda").manual_seed(head_dim + shape[2])
+    b, h, sq, sk = shape
+    q, k, v = (
+        _randn_bf16(b, h, sq, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+        _randn_bf16(b, h, sk, head_dim, g=g),
+    )
+    sc = 1 / math.sqrt(head_dim)
+    o, _ = run_features(q, k, v, scale=sc, causal=True, rung=rung)
+    assert rel_l2(o, attention_exact(q, k, v, sc, causal=True)) <= TOL
+    for causal in (True, False):
+        plan = run_rung(rung, q, k, v, torch.empty_like(q), sc, causal=causal)
+        tiles = plan.lr.rung.num_m_blocks(sq) * b * h
+        assert plan.grid == (tiles if causal else plan.lr.persistent_grid(tiles),), causal
+
+
 def test_head_dims_on_recycled_memory():
     """The tensor-map cache keys on head_dim: Q, K, V of head_dim 64 and 256 laid in the very memory of
     earlier head_dim 128 ones with the same (batch·heads, seqlen) must not get their maps (a stale map

@@ -33,6 +33,7 @@ VARIANTS = {
     "l2pf",
     "hgroup",
     "dynsched",
+    "hwsched",
 }
 
 
@@ -541,3 +542,30 @@ def test_dynsched_rewrites_the_causal_schedule_and_builds_without_spills(tmp_pat
         causal = build not in ("plain", "long-kv")
         assert (sass_digest(c.cubin) == sass_digest(compile_rung(r).cubin)) == (not causal), build
         assert any("ATOMG" in ln for ln in sass(c.cubin).splitlines()) == causal, build
+
+
+@pytest.mark.parametrize("build", ["plain", "causal", "head_dim-64-causal", "head_dim-256-causal", "all-fp16"])
+def test_hwsched_is_dynscheds_order_without_the_counter(tmp_path, build):
+    """``hwsched`` (one CTA per causal work tile, ``Rung.causal_per_tile``) is ``dynsched``'s order and nothing
+    else: its source differs from the top rung only in the causal order, its non-causal builds are the top rung's
+    machine code, its causal ones compile without spills and take no work from a counter (no ``ATOMG``)."""
+    mod = _load()
+    mod.main(str(tmp_path))
+    src = (tmp_path / "hwsched" / TOP.source.name).read_text()
+    assert src == mod._dyn_order(TOP.source.read_text()) and "dyn_sched::tile_of(" in src and "by_pairs" not in src
+    assert "dyn_sched::take()" not in src and "sched_work" not in src
+    r = {
+        "plain": TOP,
+        "causal": feature_variant(TOP, True, False, False),
+        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
+        "head_dim-256-causal": feature_variant(TOP, True, False, False, head_dim=256),
+        "all-fp16": feature_variant(TOP, True, True, True, True, fp16=True),
+    }[build]
+    c = compile_source(r, _inlined(tmp_path / "hwsched", TOP.source.name))
+    _no_spills(c)
+    if find_cuobjdump() is not None:
+        from attnclimb.runtime.sass import sass_digest
+
+        causal = build != "plain"
+        assert (sass_digest(c.cubin) == sass_digest(compile_rung(r).cubin)) == (not causal), build
+        assert not any("ATOMG" in ln for ln in sass(c.cubin).splitlines()), build

@@ -516,16 +516,16 @@ def _remember_plan(key, plan):
 
 class _Plan:
     """One fused rung's launch with all but O's and the LSE's addresses and the stream fixed: the loaded
-    (variant of the) rung, its ``attn_fwd`` kernel and launch configuration, and the kernel arguments before
-    O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``; ``None`` for a
-    kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same launch with the
-    arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or ``None``
-    where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
+    (variant of the) rung, its ``attn_fwd`` kernel, grid (a 1-tuple) and launch configuration, and the kernel
+    arguments before O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``;
+    ``None`` for a kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same
+    launch with the arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or
+    ``None`` where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
 
-    __slots__ = ("config", "head", "kernel", "lr", "middle", "packed", "tail")
+    __slots__ = ("config", "grid", "head", "kernel", "lr", "middle", "packed", "tail")
 
     def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
-        self.lr, self.head, self.middle, self.tail = lr, head, middle, tail
+        self.lr, self.grid, self.head, self.middle, self.tail = lr, grid, head, middle, tail
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
         o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
@@ -597,7 +597,8 @@ def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
                 _tensor_map_of(v, bh_kv, sk, rung.kv_box_rows, dev, rung.l2_promotion),
             )
         if rung.persistent:  # CTAs loop over the work tiles (docs/kernel-abi.md)
-            grid = (lr.persistent_grid(grid[0]),)
+            if not (causal and rung.causal_per_tile):  # else one CTA per tile (Rung.causal_per_tile)
+                grid = (lr.persistent_grid(grid[0]),)
             sizes += (i32(m_blocks * bh),)
         if not rung.features:
             return _Plan(lr, grid, maps, sizes, None)
