@@ -42,19 +42,18 @@
 #                                           `dynsched` and `hwsched`, head_dim 64, 128 and 256
 #   bash scripts/device_calls.sh trace-d64  (no carry, ~1 min) timelines of the top rung at head_dim 64, causal and not
 #   bash scripts/device_calls.sh ladder     (no carry, ~3-4 min) rungs 9 to the top in one process, 4 rounds: issue 13's steps
-# Since the twenty-fourth session, step (1) below is `bash $D first` (carry .peers/x1, timeout 600): on an H200 it
-# stages and, since the twenty-fifth, runs the ladder of step (2) (so step (2) is `bash $D peers-bench; timeout 240
-# bash $J sanitize fp16`, each call well inside 600 s), and on an H100 (what came after eleven failed starts in the
-# twenty-fourth session) it runs steps (3) and (4) instead.
-# With FA4 packed in two halves (scripts/pack_peers.sh: .peers/x1, .peers/x2), issue 13's H200 steps in two
-# back-to-back calls, the bench first (the twenty-second session lost 1 546 s of its 1 800 to 17 failed starts, so
-# keep the first call short): (1) carry .peers/x1: `bash $D stage x1` (seconds); (2) carry .peers/x2:
-# `bash $D peers-bench; LADDER_ROUNDS=3 bash $D ladder` (~8-9 min; the bench's files come back even if the limit cuts
-# the ladder); (3) no carry: `bash $J sanitize fp16` (the top rung's fp16 set, issue 13's "done when"; its feature set
-# passed all three tools on an H100 in the twenty-fourth session in under 4 min; fp16 about as long);
-# (4) no carry: `bash $D ab-causal-order` (~7 min: snake, dynsched, hwsched); (5) no carry: `bash $D ab-bshd views`
-# (the BSHD views' cost, twenty-third session); (6) whatever time is left: `bash $D ab-bshd contiguous; bash $D
-# trace-d64`, the trace tests. Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
+# The plan since the twenty-fifth session (D=scripts/device_calls.sh; J=scripts/device_job.sh; FA4 packed in two
+# halves by scripts/pack_peers.sh, .peers/x1 and .peers/x2; every call right after the last, the machine is released
+# 30 s after one): (1) carry .peers/x1, timeout 600: `bash $D first`: on an H200 it stages and runs the ladder
+# (~4 min); on any other card (an H100 came after eleven failed starts in the twenty-fourth session) it runs the fp16
+# sanitizers and the causal-order A/B instead, and the bench waits for an H200. (2) on an H200, carry .peers/x2:
+# `bash $D peers-bench; timeout 240 bash $J sanitize fp16` (the bench with FA4, then the top rung's fp16 set under
+# the three tools, issue 13's "done when"; its feature set passed them on an H100 in the twenty-fourth session).
+# (3) no carry: `bash $J test causal_one_cta_per_tile; bash $D ab-causal-order` (~8 min: the new GPU test, then
+# snake, dynsched, hwsched at head_dim 64, 128, 256); (4) no carry: `bash $D ab-bshd views` (the BSHD views' cost,
+# twenty-third session); (5) whatever time is left: `bash $D sanitize-below`, `bash $D ab-bshd contiguous; bash $D
+# trace-d64`, the trace tests. Then `python scripts/after_device.py <files_at dirs>` and the ratio markers.
+# Before pack_peers.sh, with the wheels in four parts: four back-to-back calls, FA4
 # staged alongside (D=scripts/device_calls.sh; J=scripts/device_job.sh): (1) carry .peers/q1:
 # `bash $D stage q1 && bash $D ladder; bash $D ab-causal-order` (~7 min); (2) .peers/q2: `bash $D stage q2 &&
 # bash $J test trace trace "10 11 12 13 14 15 16"; bash $D trace-d64`; (3) .peers/q3: `bash $D stage q3 && bash $J sanitize
