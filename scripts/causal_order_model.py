@@ -24,7 +24,7 @@ the busiest one (1.0: perfectly even). Three orders:
   (:func:`dynamic_order`).
 
 A second table compares total times, not evenness: the kernel's busiest CTA over the busiest CTA of ``dynamic``
-when each work tile also pays ``--per-tile-fill`` more K/V tiles, the Q load and first K/V tiles that a persistent
+when each work tile also pays a fill of 0.5, 1 or 2 more K/V tiles, the Q load and first K/V tiles that a persistent
 CTA issues under its previous tile's last P·V and epilogue, and a CTA launched for one tile cannot: the A/B
 variant ``hwsched`` (one CTA per causal tile, the hardware handing them out, ``Rung.causal_per_tile``;
 :func:`per_tile_speedups`).

@@ -46,9 +46,10 @@
 * ``hwsched/…`` + ``dyn_sched.cuh``: ``dynsched``'s causal order without its counter, timed with
   ``Rung.causal_per_tile`` (``ab_rungs.py --variant hwsched=.ab/hwsched@causal_per_tile=1``): one CTA per causal
   work tile, the hardware handing the blocks to SMs as they free up, which is FlashAttention-4's Hopper path's
-  causal dispatch exactly, and safe for launches on many streams as it is (no global state). It pays the Q load
-  and first K/V tiles of every tile unoverlapped; ``scripts/causal_order_model.py``'s second table: +3.6 to +5.7 %
-  at head_dim 64 8k/16k with a fill of one K/V tile, −3 to −14 % where tiles are short (4k at head_dim 128, 1k)
+  causal dispatch exactly, and safe for launches on many streams as it is (the shared header's counters are never
+  touched). It pays the Q load and first K/V tiles of every tile unoverlapped; ``scripts/causal_order_model.py``'s
+  second table, with a fill of one K/V tile: +3.6 to +5.7 % at head_dim 64 8k/16k, −2.4 % at head_dim 64 4k, −3.4 %
+  and −13.7 % at head_dim 128 4k and 1k, where tiles are short
   (twenty-fifth session; not yet timed: ``device_calls.sh ab-causal-order``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in

@@ -86,11 +86,10 @@ def test_taking_the_next_tile_one_ahead_is_worse_than_when_free():
 
 
 def test_one_cta_per_tile_pays_its_fill_on_every_tile():
-    """``per_tile_speedups``: with no fill the one-CTA-per-tile launch is ``dynamic`` itself (the same gain as
-    ``dynsched``); each fill costs it more, most where tiles are short (1k: 8 K/V tiles or fewer per tile), least
-    where they are long (head_dim 64 at 8k keeps most of the +8.8 %)."""
-    got = {label: (dyn, hw) for label, dyn, hw in model.per_tile_speedups((0.0, 0.5, 1.0, 2.0))}
+    """``per_tile_speedups``: ``dynsched``'s gain is positive on every shape and each fill costs the
+    one-CTA-per-tile launch more, most where tiles are short (1k: 8 K/V tiles or fewer per tile), least where they
+    are long (head_dim 64 at 8k keeps most of the +8.8 %)."""
+    got = {label: (dyn, hw) for label, dyn, hw in model.per_tile_speedups((0.5, 1.0, 2.0))}
     for label, (dyn, hw) in got.items():
-        assert hw[0] == pytest.approx(dyn, abs=1e-12), label
-        assert hw[0] > 0 and hw[1] <= hw[0] and hw[2] < hw[1] and hw[3] < hw[2], label
-    assert got["d128 1k (B16 H16)"][1][2] < -0.1 and got["d64 8k (B2 H32)"][1][2] > 0.05
+        assert dyn > 0 and hw[0] <= dyn and hw[1] < hw[0] and hw[2] < hw[1], label
+    assert got["d128 1k (B16 H16)"][1][1] < -0.1 and got["d64 8k (B2 H32)"][1][1] > 0.05  # fill 1

@@ -192,7 +192,8 @@ def test_head_dims_match_float64(head_dim, causal, shape):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("shape", [(3, 40, 700, 700), (2, 3, 1000, 1000), (1, 2, 129, 1000)])
+# more work tiles than any persistent grid (132 SMs, one CTA each) at head_dim 64 (192 rows) and 128 (128 rows)
+@pytest.mark.parametrize("shape", [(3, 40, 700, 700), (2, 40, 1000, 1000), (4, 40, 129, 1000)])
 def test_causal_one_cta_per_tile(shape, head_dim):
     """``Rung.causal_per_tile`` (the launch of the ``hwsched`` A/B, scripts/make_variants.py): a causal call gets
     one CTA per work tile, so each CTA's loop runs once (here on the top rung's own order), against float64; a
@@ -213,6 +214,7 @@ def test_causal_one_cta_per_tile(shape, head_dim):
     for causal in (True, False):
         plan = run_rung(rung, q, k, v, torch.empty_like(q), sc, causal=causal)
         tiles = plan.lr.rung.num_m_blocks(sq) * b * h
+        assert plan.lr.persistent_grid(tiles) < tiles  # the two launches differ on this shape
         assert plan.grid == (tiles if causal else plan.lr.persistent_grid(tiles),), causal
 
 
