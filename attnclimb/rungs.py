@@ -69,6 +69,10 @@ class Rung:
             scheduler hands each next tile to the first SM that frees up (FlashAttention-4's Hopper path's
             causal dispatch); a launch-side setting for A/B variants (``scripts/make_variants.py`` ``hwsched``).
             False on every rung.
+        sched_slot: the kernel takes one more ``int`` argument after O's strides, its scheduler slot: the index
+            of the pair of module-global counters that its causal builds take their work tiles from
+            (``scripts/make_variants.py`` ``dynsched``); the launch gives each stream its own slot and each launch
+            captured into a CUDA graph one of its own (``runtime.launch.sched_slot``). False on every rung.
     """
 
     number: int
@@ -93,6 +97,7 @@ class Rung:
     l2_promotion: int = 0
     long_kv: tuple | None = None
     causal_per_tile: bool = False
+    sched_slot: bool = False
 
     def __post_init__(self):
         if self.smem_layout not in SMEM_LAYOUTS:

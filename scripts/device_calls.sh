@@ -250,6 +250,7 @@ json.dump(run_bshd_view(rounds=6), open(sys.argv[1], 'w'), indent=1)" "$OUT/bshd
     vargs=(); for v in ${CAUSAL_ORDER_VARIANTS:-snake dynsched hwsched}; do case $v in
       snake) vargs+=(--variant "snake=.ab/base@CAUSAL_L2_BYTES=1099511627776") ;;
       hwsched) vargs+=(--variant "hwsched=.ab/hwsched@causal_per_tile=1") ;;
+      dynsched) vargs+=(--variant "dynsched=.ab/dynsched@sched_slot=1") ;;   # its counters' slot per stream
       *) vargs+=(--variant "$v=.ab/$v") ;; esac; done
     for d in 64 128 256; do
       case $d in 64) shp=4x32x4096,2x32x8192,1x32x16384 ;; 128) shp=16x16x1024,4x16x4096,2x16x8192,1x16x16384 ;;

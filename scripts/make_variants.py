@@ -41,8 +41,10 @@
   turns' last hand-off is taken by one more wait of warpgroup 0. FlashAttention-4's Hopper path orders its causal
   tiles the same way (one CTA per tile, the hardware handing them out). ``scripts/causal_order_model.py``'s
   ``dynamic`` column: +2 to +3 % at head_dim 128 and 256, +3 to +9 % at 64 (twenty-third session; not yet timed:
-  ``device_calls.sh ab-causal-order``). The counters are module globals that the last CTA resets: launches of one
-  build on two streams at once would share them, so this is an A/B variant, not a rung;
+  ``device_calls.sh ab-causal-order``). The counters are module globals, a pair per slot, that the last CTA of a
+  launch resets; the kernel takes its slot as a last argument, which the launch gives per stream and per captured
+  launch (twenty-fifth session: ``ab_rungs.py --variant dynsched=.ab/dynsched@sched_slot=1``, ``Rung.sched_slot``),
+  so launches that may overlap never share counters;
 * ``hwsched/…`` + ``dyn_sched.cuh``: ``dynsched``'s causal order without its counter, timed with
   ``Rung.causal_per_tile`` (``ab_rungs.py --variant hwsched=.ab/hwsched@causal_per_tile=1``): one CTA per causal
   work tile, the hardware handing the blocks to SMs as they free up, which is FlashAttention-4's Hopper path's
@@ -528,13 +530,17 @@ def hgroup(src: str) -> str:
 DYN_SCHED_HEADER = """// A/B variant (scripts/make_variants.py `dynsched`): causal work tiles handed out at run time.
 // Each CTA's first work is blockIdx.x; every later one comes from an atomic counter (FlashAttention-3's persistent
 // scheduler, its idea: the next tile goes to whichever CTA is free first, the heaviest tiles first). The counters
-// are module globals: the last CTA to finish taking works resets them for the next launch, so launches of one
-// build on two streams at once would share them, and one launch's reset in the middle of the other's would
-// leave the counters wrong for every later launch (an A/B variant for one stream, not a rung).
+// are module globals, DYN_SCHED_SLOTS pairs of them; the kernel's last argument picks its pair (its slot), which
+// the launch gives per stream and per captured launch (Rung.sched_slot, attnclimb.runtime.launch.sched_slot), so
+// launches that may overlap never share one. The last CTA of a launch to finish taking works resets its pair for
+// the next launch on the same slot (one after it on the same stream, or the next replay of its graph).
 #pragma once
 #include "head_group.cuh"  // the grouped order with the heads fastest (the `hgroup` variant's)
 
 #define DYN_SCHED_FN HEAD_GROUP_FN
+#ifndef DYN_SCHED_SLOTS
+#define DYN_SCHED_SLOTS 65536  // attnclimb.runtime.launch.SCHED_SLOTS
+#endif
 
 namespace dyn_sched {
 using Tile = head_group::Tile;
@@ -556,19 +562,22 @@ DYN_SCHED_FN Tile tile_of(int w, int heads, int nmb, int group) {
 }
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__device__ unsigned int taken = 0;           // works handed out after the grid's first gridDim.x
-__device__ unsigned int producers_done = 0;  // CTAs that will take no more
+// Per slot s: [2s] works handed out after the grid's first gridDim.x, [2s + 1] CTAs that will take no more. Zero
+// when the module loads (a .global variable without an initializer: PTX ISA Sec. 5.1, Table 7, note 1).
+__device__ unsigned int counters[2 * DYN_SCHED_SLOTS];
 
 // The index of the next work for this CTA (>= gridDim.x; the caller stops at the first one past its tiles).
-__device__ __forceinline__ int take() { return static_cast<int>(atomicAdd(&taken, 1u)) + static_cast<int>(gridDim.x); }
+__device__ __forceinline__ int take(int slot) {
+    return static_cast<int>(atomicAdd(&counters[2 * slot], 1u)) + static_cast<int>(gridDim.x);
+}
 
-// Once per CTA, after its last take(): the last CTA resets both counters (every other one has taken its last).
-__device__ __forceinline__ void finish() {
+// Once per CTA, after its last take(): the last CTA resets the slot's counters (every other one has taken its last).
+__device__ __forceinline__ void finish(int slot) {
     __threadfence();  // this CTA's last take() before its count (in practice ordered by the use of its result)
-    if (atomicAdd(&producers_done, 1u) == gridDim.x - 1) {
+    if (atomicAdd(&counters[2 * slot + 1], 1u) == gridDim.x - 1) {
         __threadfence();
-        atomicExch(&taken, 0u);
-        atomicExch(&producers_done, 0u);
+        atomicExch(&counters[2 * slot], 0u);
+        atomicExch(&counters[2 * slot + 1], 0u);
     }
 }
 #endif
@@ -642,6 +651,14 @@ def dynsched(src: str) -> str:
     """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
     order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
     src = _dyn_order(src)
+    # its slot of the counters (Rung.sched_slot: the launch appends it to every build's arguments)
+    src = _sub(
+        src,
+        "long long o_stride_b, long long o_stride_h, long long o_stride_s) {\n",
+        "long long o_stride_b, long long o_stride_h, long long o_stride_s,\n"
+        "             [[maybe_unused]] int sched_slot) {  // A/B variant dynsched: its counters' slot\n",
+        1,
+    )
     src = _sub(
         src,
         "    __shared__ float wait_anchor[CONSUMER_WARPS * 32];         // scratch of hop::keep_above_wait\n",
@@ -666,7 +683,7 @@ def dynsched(src: str) -> str:
         "                TRACE_BEGIN(WAIT_Q_EMPTY);\n"
         "                if (it > 0) hop::mbar_wait(&bar_q_empty, (it - 1) & 1);\n"
         "                TRACE_END(WAIT_Q_EMPTY);\n"
-        "                const int work = it == 0 ? static_cast<int>(blockIdx.x) : dyn_sched::take();\n"
+        "                const int work = it == 0 ? static_cast<int>(blockIdx.x) : dyn_sched::take(sched_slot);\n"
         "                if (tile_of(work) >= num_tiles) {\n"
         "                    sched_work = -1;\n"
         "                    hop::mbar_arrive(&bar_q);\n"
@@ -685,7 +702,7 @@ def dynsched(src: str) -> str:
         "                }\n"
         "            }\n"
         "#if CAUSAL  // A/B variant dynsched\n"
-        "            dyn_sched::finish();\n"
+        "            dyn_sched::finish(sched_slot);\n"
         "#endif\n",
         1,
     )

@@ -350,3 +350,45 @@ def test_forward_ad_takes_the_operator(gpu):
         assert not ops.direct_call_ok(q, q, q)
         assert ops.fast_key(q, q, q, "sdpa", False, None, False, False) is None
     assert ops.direct_call_ok(q, q, q)
+
+
+def test_prepack_finds_the_scheduler_slot_cell():
+    """A kernel with a scheduler slot (``Rung.sched_slot``): its 4-byte cell is found by its mark and each launch
+    would write its slot there; a pack without it has none."""
+
+    class K:
+        handle = 5
+
+    args = (11, 0, np.int32(3), np.int64(9), 0, np.int32(0))
+    p = packed.prepack(K(), (7,), (128,), 0, args, 1, 4, 5)
+    c64, c32 = ctypes.c_uint64, ctypes.c_int32
+    assert p.values([c64, c64, c32, ctypes.c_int64, c64, c32]) == [
+        11,
+        packed.O_MARK,
+        3,
+        9,
+        packed.LSE_MARK,
+        packed.SLOT_MARK,
+    ]
+    p.slot_cell.value = 77
+    assert p.values([c64, c64, c32, ctypes.c_int64, c64, c32])[-1] == 77
+    assert packed.prepack(K(), (7,), (128,), 0, args, 1, 4).slot_cell is None
+
+
+def test_scheduler_slots_per_stream_and_per_captured_launch(monkeypatch):
+    """``launch.sched_slot``: one slot per (device, stream), the same for every launch on it; a captured launch
+    takes a fresh slot above the streams' each time; past ``STREAM_SLOTS`` streams the first stream's slot is
+    handed on (its next launch gets another); past ``SCHED_SLOTS`` captured launches, RuntimeError."""
+    monkeypatch.setattr(launch, "_stream_slots", {})
+    monkeypatch.setattr(launch, "_captured_next", {})
+    monkeypatch.setattr(launch, "STREAM_SLOTS", 3)
+    monkeypatch.setattr(launch, "SCHED_SLOTS", 6)
+    s = launch.sched_slot
+    assert [s(0, h, False) for h in (100, 200, 100, 300, 200)] == [0, 1, 0, 2, 1]
+    assert s(1, 100, False) == 0  # another device: its own slots
+    assert [s(0, 100, True), s(0, 100, True), s(1, 100, True)] == [3, 4, 3]
+    assert s(0, 400, False) == 0 and s(0, 100, False) == 1  # 100's slot went to 400; 100 takes 200's
+    assert len({v for (d, _), v in launch._stream_slots.items() if d == 0}) == 3  # never two streams on one slot
+    assert s(0, 9, True) == 5
+    with pytest.raises(RuntimeError, match="captured"):
+        s(0, 9, True)

@@ -522,7 +522,8 @@ def test_dynsched_rewrites_the_causal_schedule_and_builds_without_spills(tmp_pat
     each with its Q and warpgroup 0 taking the turns' last hand-off after the loop."""
     _load().main(str(tmp_path))
     src = (tmp_path / "dynsched" / TOP.source.name).read_text()
-    assert src.count("dyn_sched::take()") == 1 and src.count("dyn_sched::finish();") == 1
+    assert src.count("dyn_sched::take(sched_slot)") == 1 and src.count("dyn_sched::finish(sched_slot);") == 1
+    assert src.count("int sched_slot)") == 1  # the kernel's last argument (Rung.sched_slot)
     assert src.count("sched_work = ") == 2 and "if (work < 0) break;" in src
     assert "if (wg == 0) hop::named_bar_sync(my_turn, TURN_THREADS);" in src and "by_pairs" not in src
     r = {
@@ -553,7 +554,8 @@ def test_hwsched_is_dynscheds_order_without_the_counter(tmp_path, build):
     mod.main(str(tmp_path))
     src = (tmp_path / "hwsched" / TOP.source.name).read_text()
     assert "dyn_sched::tile_of(" in src and "by_pairs" not in src
-    assert "dyn_sched::take()" not in src and "sched_work" not in src and "dyn_sched::finish" not in src
+    assert "dyn_sched::take(" not in src and "sched_work" not in src and "dyn_sched::finish" not in src
+    assert "sched_slot" not in src  # no counters' slot: the launch passes none (Rung.sched_slot is False)
     # every line is the top rung's or dynsched's (its order), and the loops are the top rung's static ones
     known = set(TOP.source.read_text().splitlines()) | set(
         (tmp_path / "dynsched" / TOP.source.name).read_text().splitlines()

@@ -462,15 +462,53 @@ def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
     lr = plan.lr
     _ensure_context(lr)
     handle = current_stream_handle(dev)
+    slot = sched_slot(dev, handle) if plan.sched else 0
     packed = plan.packed  # read once: another thread may switch it off in between
     if packed is not None:  # cuLaunchKernel with the arguments packed at plan time (runtime/packed.py)
         try:
-            packed.launch(handle, o_ptr, lse_ptr)
+            packed.launch(handle, o_ptr, lse_ptr, slot)
             return
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # refused before launching
             _packed.disable(exc)
             plan.packed = None
-    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr)
+    plan.launch(lr.stream_for_handle(handle), o_ptr, lse_ptr, slot)
+
+
+SCHED_SLOTS = 1 << 16  # slots of a Rung.sched_slot kernel's counters (DYN_SCHED_SLOTS in make_variants.py's header)
+STREAM_SLOTS = 1024  # slots [0, STREAM_SLOTS) go to streams; the rest, one each, to launches captured into graphs
+_stream_slots: dict = {}  # (device, raw stream handle) -> slot, oldest first
+_captured_next: dict = {}  # device -> the next slot for a captured launch
+
+
+def sched_slot(dev: int, handle: int, capturing: bool | None = None) -> int:
+    """The scheduler slot of a ``Rung.sched_slot`` launch on device ``dev`` and raw stream ``handle``.
+
+    The kernel's counters of slot s are a module global that its launch's last CTA resets, so launches one after
+    another on one stream can share a slot but launches that may overlap cannot: each stream gets its own slot
+    (the first ``STREAM_SLOTS``; once they are all taken, the slot of the stream that got one first is handed
+    on), and a launch captured into a CUDA graph (``capturing``; asked of torch when ``None``) a slot of its
+    own for good, since the graph may be replayed on any stream. ``RuntimeError`` once ``SCHED_SLOTS -
+    STREAM_SLOTS`` launches have been captured on the device."""
+    if capturing is None:
+        import torch
+
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        with _lock:
+            slot = _captured_next.get(dev, STREAM_SLOTS)
+            if slot >= SCHED_SLOTS:
+                raise RuntimeError(f"more than {SCHED_SLOTS - STREAM_SLOTS} scheduler-slot launches captured")
+            _captured_next[dev] = slot + 1
+        return slot
+    slot = _stream_slots.get((dev, handle))
+    if slot is None:
+        with _lock:
+            slot = _stream_slots.get((dev, handle))
+            if slot is None:
+                mine = [key for key in _stream_slots if key[0] == dev]
+                slot = len(mine) if len(mine) < STREAM_SLOTS else _stream_slots.pop(mine[0])
+                _stream_slots[(dev, handle)] = slot
+    return slot
 
 
 def _plan_key(rung: Rung, dev, q, k, v, o, scale, causal, lse) -> tuple:
@@ -520,22 +558,30 @@ class _Plan:
     arguments before O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``;
     ``None`` for a kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same
     launch with the arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or
-    ``None`` where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then)."""
+    ``None`` where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then). ``sched``: the
+    kernel's last argument is its scheduler slot (``Rung.sched_slot``; ``tail`` ends with a placeholder for it),
+    set per launch."""
 
-    __slots__ = ("config", "grid", "head", "kernel", "lr", "middle", "packed", "tail")
+    __slots__ = ("config", "grid", "head", "kernel", "lr", "middle", "packed", "sched", "tail")
 
     def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
         self.lr, self.grid, self.head, self.middle, self.tail = lr, grid, head, middle, tail
+        self.sched = tail is not None and lr.rung.sched_slot
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
         o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
         args = (*head, 0, *middle) if tail is None else (*head, 0, *middle, 0, *tail)
-        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse)
+        slot = len(args) - 1 if self.sched else None
+        self.packed = _packed.prepack(self.kernel, grid, lr.block, lr.smem_bytes, args, o, lse, slot)
 
-    def launch(self, stream, o_ptr: int, lse_ptr: int) -> None:
-        """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses in their places."""
+    def launch(self, stream, o_ptr: int, lse_ptr: int, slot: int = 0) -> None:
+        """What :meth:`LoadedRung.launch` does, with O's and the LSE's addresses (and the scheduler slot) in
+        their places."""
         if self.tail is None:
             _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle)
+        elif self.sched:
+            tail = (*self.tail[:-1], np.int32(slot))
+            _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *tail)
         else:
             _cuda_launch(stream, self.config, self.kernel, *self.head, o_ptr, *self.middle, lse_ptr, *self.tail)
 
@@ -605,7 +651,8 @@ def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
         # heads_q, kv_group, lse, O's strides (docs/kernel-abi.md, "Top-rung features")
         i64 = np.int64
         ob, oh, os_, _ = o.stride()
-        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), (i64(ob), i64(oh), i64(os_)))
+        tail = (i64(ob), i64(oh), i64(os_)) + ((i32(0),) if rung.sched_slot else ())  # the slot: set per launch
+        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), tail)
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
 
 

@@ -1,5 +1,6 @@
 """A kernel launch whose parameters are packed once: ``cuLaunchKernel`` (``cuda.bindings.driver``) with a
-``kernelParams`` array built at plan time, of which only O's and the LSE's addresses change per call.
+``kernelParams`` array built at plan time, of which only O's and the LSE's addresses (and, for a rung with
+``Rung.sched_slot``, its scheduler slot) change per call.
 
 ``cuda.core.launch`` packs every argument afresh on each call (its ``ParamHolder``), wraps the stream and
 builds the driver's launch configuration before its ``cuLaunchKernelEx``. A planned launch of
@@ -29,6 +30,7 @@ import threading
 # that did not store them as 8-byte values where kernelParams points is not used.
 O_MARK = 0x0A77_C11B_0000_0010
 LSE_MARK = 0x0A77_C11B_0000_0020
+SLOT_MARK = 0x0A77_0030  # a 4-byte int parameter (the scheduler slot)
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 
 ENABLED = os.environ.get("ATTNCLIMB_LAUNCH", "") != "cuda.core"
@@ -80,12 +82,26 @@ def disable(exc: BaseException) -> None:
 class Packed:
     """One kernel's launch with its parameters packed: grid, block, dynamic shared memory, the function
     handle and the ``kernelParams`` array (``params``, an address), with cells for O's and the LSE's
-    addresses (``lse_cell`` is ``None`` for a kernel without an LSE parameter)."""
+    addresses (``lse_cell`` is ``None`` for a kernel without an LSE parameter) and for its scheduler slot
+    (``slot_cell``, ``None`` for a kernel without one)."""
 
-    __slots__ = ("_holder", "block", "func", "grid", "lock", "lse_cell", "o_cell", "params", "smem", "success")
+    __slots__ = (
+        "_holder",
+        "block",
+        "func",
+        "grid",
+        "lock",
+        "lse_cell",
+        "o_cell",
+        "params",
+        "slot_cell",
+        "smem",
+        "success",
+    )
 
-    def launch(self, stream_handle: int, o_ptr: int, lse_ptr: int) -> None:
-        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr`` and the LSE at ``lse_ptr``.
+    def launch(self, stream_handle: int, o_ptr: int, lse_ptr: int, slot: int = 0) -> None:
+        """Launch on the raw stream ``stream_handle`` with O at ``o_ptr``, the LSE at ``lse_ptr`` and, for a
+        kernel with a scheduler slot parameter, ``slot`` in it.
 
         ``RuntimeError`` when the driver reports an error; the binding's own ``TypeError`` (or similar) when
         it refuses an argument, in which case nothing was launched."""
@@ -98,6 +114,8 @@ class Packed:
             self.o_cell.value = o_ptr
             if self.lse_cell is not None:
                 self.lse_cell.value = lse_ptr
+            if self.slot_cell is not None:
+                self.slot_cell.value = slot
             res = _driver_launch(self.func, gx, gy, gz, bx, by, bz, self.smem, stream, self.params, 0)
         err = res[0] if type(res) is tuple else res
         if err != self.success:
@@ -109,10 +127,20 @@ class Packed:
         return [t.from_address(a).value for t, a in zip(ctypes_types, slot)]
 
 
-def prepack(kernel, grid: tuple, block: tuple, smem: int, args: tuple, o_index: int, lse_index: int | None):
+def prepack(
+    kernel,
+    grid: tuple,
+    block: tuple,
+    smem: int,
+    args: tuple,
+    o_index: int,
+    lse_index: int | None,
+    slot_index: int | None = None,
+):
     """A :class:`Packed` launch of ``kernel`` (a ``cuda.core`` ``Kernel``) with ``args`` as
     ``cuda.core.launch`` takes them, the arguments at ``o_index`` and ``lse_index`` (``None``: no LSE
-    parameter) being O's and the LSE's addresses, which each launch sets; ``None`` when disabled
+    parameter) being O's and the LSE's addresses, and the one at ``slot_index`` (``None``: none) a 4-byte
+    int, the scheduler slot, which each launch sets; ``None`` when disabled
     (``ATTNCLIMB_LAUNCH=cuda.core``) or when cuda.core's packer or cuda.bindings is not as expected (the
     caller then launches through ``cuda.core.launch``)."""
     if not ENABLED:
@@ -127,24 +155,32 @@ def prepack(kernel, grid: tuple, block: tuple, smem: int, args: tuple, o_index: 
         args[o_index] = O_MARK
         if lse_index is not None:
             args[lse_index] = LSE_MARK
+        if slot_index is not None:
+            import numpy as np
+
+            args[slot_index] = np.int32(SLOT_MARK)
         holder = ParamHolder(tuple(args))
         params = int(holder.ptr)
         if not params:
             return None
 
-        def cell(i, mark):
-            c = ctypes.c_uint64.from_address(ctypes.c_void_p.from_address(params + i * _PTR).value)
+        def cell(i, mark, ctype=ctypes.c_uint64):
+            c = ctype.from_address(ctypes.c_void_p.from_address(params + i * _PTR).value)
             return c if c.value == mark else None
 
         o_cell = cell(o_index, O_MARK)
         lse_cell = None if lse_index is None else cell(lse_index, LSE_MARK)
+        slot_cell = None if slot_index is None else cell(slot_index, SLOT_MARK, ctypes.c_int32)
         if o_cell is None or (lse_index is not None and lse_cell is None):
+            return None
+        if slot_index is not None and slot_cell is None:
             return None
     except Exception:  # an older or newer cuda.core/cuda.bindings than this was written for
         return None
     p = Packed()
     p._holder = holder  # owns the packed values (and keeps the tensor maps it packed alive)
     p.func, p.params, p.o_cell, p.lse_cell, p.success = func, params, o_cell, lse_cell, success
+    p.slot_cell = slot_cell
     p.grid = (*grid, 1, 1, 1)[:3]
     p.block = (*block, 1, 1, 1)[:3]
     p.smem = int(smem)
