@@ -43,15 +43,15 @@
   ``dynamic`` column: +2 to +3 % at head_dim 128 and 256, +3 to +9 % at 64 (twenty-third session; not yet timed:
   ``device_calls.sh ab-causal-order``). The counters are module globals, a pair per slot, that the last CTA of a
   launch resets; the kernel takes its slot as a last argument, which the launch gives per stream and per captured
-  launch (twenty-fifth session: ``ab_rungs.py --variant dynsched=.ab/dynsched@sched_slot=1``, ``Rung.sched_slot``),
-  so launches that may overlap never share counters;
+  launch and never hands on (twenty-fifth session: ``ab_rungs.py --variant dynsched=.ab/dynsched@sched_slot=1``,
+  ``Rung.sched_slot``), so launches that may overlap never share counters;
 * ``hwsched/…`` + ``dyn_sched.cuh``: ``dynsched``'s causal order without its counter, timed with
   ``Rung.causal_per_tile`` (``ab_rungs.py --variant hwsched=.ab/hwsched@causal_per_tile=1``): one CTA per causal
   work tile, the hardware handing the blocks to SMs as they free up, which is FlashAttention-4's Hopper path's
-  causal dispatch exactly, and safe for launches on many streams as it is (the shared header's counters are never
-  touched). It pays the Q load and first K/V tiles of every tile unoverlapped; ``scripts/causal_order_model.py``'s
-  second table, with a fill of one K/V tile: +3.6 to +5.7 % at head_dim 64 8k/16k, −2.4 % at head_dim 64 4k, −3.4 %
-  and −13.7 % at head_dim 128 4k and 1k, where tiles are short
+  causal dispatch exactly, and safe for launches on many streams as it is (its builds leave out the shared
+  header's counters). It pays the Q load and first K/V tiles of every tile unoverlapped;
+  ``scripts/causal_order_model.py``'s second table, with a fill of one K/V tile: +3.6 to +5.7 % at head_dim 64
+  8k/16k, −2.4 % at head_dim 64 4k, −3.4 % and −13.7 % at head_dim 128 4k and 1k, where tiles are short
   (twenty-fifth session; not yet timed: ``device_calls.sh ab-causal-order``);
 * ``noload/…``, ``noexp/…`` and ``nomax/…``: DIAGNOSTICS with wrong results, for timing only: without the K/V
   copies after the ring's first fill, without the MUFU.EX2 of the steady loop, and without the row-max chain in
@@ -530,10 +530,11 @@ def hgroup(src: str) -> str:
 DYN_SCHED_HEADER = """// A/B variant (scripts/make_variants.py `dynsched`): causal work tiles handed out at run time.
 // Each CTA's first work is blockIdx.x; every later one comes from an atomic counter (FlashAttention-3's persistent
 // scheduler, its idea: the next tile goes to whichever CTA is free first, the heaviest tiles first). The counters
-// are module globals, DYN_SCHED_SLOTS pairs of them; the kernel's last argument picks its pair (its slot), which
-// the launch gives per stream and per captured launch (Rung.sched_slot, attnclimb.runtime.launch.sched_slot), so
-// launches that may overlap never share one. The last CTA of a launch to finish taking works resets its pair for
-// the next launch on the same slot (one after it on the same stream, or the next replay of its graph).
+// are module globals, DYN_SCHED_SLOTS pairs of them (with DYN_SCHED_COUNTERS defined: `hwsched` shares only the
+// order); the kernel's last argument picks its pair (its slot), which the launch gives per stream and per captured
+// launch, never handed on (Rung.sched_slot, attnclimb.runtime.launch.sched_slot), so launches that may overlap
+// never share one. The last CTA of a launch to finish taking works resets its pair for the next launch on the same
+// slot (one after it on the same stream, or the next replay of its graph).
 #pragma once
 #include "head_group.cuh"  // the grouped order with the heads fastest (the `hgroup` variant's)
 
@@ -561,7 +562,7 @@ DYN_SCHED_FN Tile tile_of(int w, int heads, int nmb, int group) {
     return t;
 }
 
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#if defined(DYN_SCHED_COUNTERS) && (defined(__CUDACC__) || defined(__CUDACC_RTC__))
 // Per slot s: [2s] works handed out after the grid's first gridDim.x, [2s + 1] CTAs that will take no more. Zero
 // when the module loads (a .global variable without an initializer: PTX ISA Sec. 5.1, Table 7, note 1).
 __device__ unsigned int counters[2 * DYN_SCHED_SLOTS];
@@ -651,6 +652,12 @@ def dynsched(src: str) -> str:
     """Causal builds: the static orders (pairs, snake) replaced by works handed out at run time in a heaviest-first
     order within L2-sized groups of heads; the producer publishes the work after the current one with its Q."""
     src = _dyn_order(src)
+    src = _sub(
+        src,
+        '#include "dyn_sched.cuh"',
+        '#define DYN_SCHED_COUNTERS 1  // A/B variant dynsched\n#include "dyn_sched.cuh"',
+        1,
+    )
     # its slot of the counters (Rung.sched_slot: the launch appends it to every build's arguments)
     src = _sub(
         src,

@@ -377,8 +377,8 @@ def test_prepack_finds_the_scheduler_slot_cell():
 
 def test_scheduler_slots_per_stream_and_per_captured_launch(monkeypatch):
     """``launch.sched_slot``: one slot per (device, stream), the same for every launch on it; a captured launch
-    takes a fresh slot above the streams' each time; past ``STREAM_SLOTS`` streams the first stream's slot is
-    handed on (its next launch gets another); past ``SCHED_SLOTS`` captured launches, RuntimeError."""
+    takes a fresh slot above the streams' each time; a slot is never handed on (its stream or graph may still
+    run): past ``STREAM_SLOTS`` streams or ``SCHED_SLOTS - STREAM_SLOTS`` captured launches, RuntimeError."""
     monkeypatch.setattr(launch, "_stream_slots", {})
     monkeypatch.setattr(launch, "_captured_next", {})
     monkeypatch.setattr(launch, "STREAM_SLOTS", 3)
@@ -387,8 +387,16 @@ def test_scheduler_slots_per_stream_and_per_captured_launch(monkeypatch):
     assert [s(0, h, False) for h in (100, 200, 100, 300, 200)] == [0, 1, 0, 2, 1]
     assert s(1, 100, False) == 0  # another device: its own slots
     assert [s(0, 100, True), s(0, 100, True), s(1, 100, True)] == [3, 4, 3]
-    assert s(0, 400, False) == 0 and s(0, 100, False) == 1  # 100's slot went to 400; 100 takes 200's
-    assert len({v for (d, _), v in launch._stream_slots.items() if d == 0}) == 3  # never two streams on one slot
+    with pytest.raises(RuntimeError, match="streams"):
+        s(0, 400, False)
+    assert [s(0, h, False) for h in (300, 200, 100)] == [2, 1, 0]  # the streams keep theirs
     assert s(0, 9, True) == 5
     with pytest.raises(RuntimeError, match="captured"):
         s(0, 9, True)
+
+
+def test_the_kernels_slot_count_is_the_launchs():
+    """The dynsched header's ``DYN_SCHED_SLOTS`` (the counters' array) is ``launch.SCHED_SLOTS`` (the slots the
+    launch hands out): a smaller array would let a slot index past it."""
+    header = load_script("make_variants").DYN_SCHED_HEADER
+    assert int(re.search(r"#define DYN_SCHED_SLOTS (\d+)", header).group(1)) == launch.SCHED_SLOTS

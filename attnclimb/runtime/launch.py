@@ -475,24 +475,34 @@ def launch_plan(plan: _Plan, dev: int, o_ptr: int, lse_ptr: int) -> None:
 
 
 SCHED_SLOTS = 1 << 16  # slots of a Rung.sched_slot kernel's counters (DYN_SCHED_SLOTS in make_variants.py's header)
-STREAM_SLOTS = 1024  # slots [0, STREAM_SLOTS) go to streams; the rest, one each, to launches captured into graphs
-_stream_slots: dict = {}  # (device, raw stream handle) -> slot, oldest first
+STREAM_SLOTS = 1 << 14  # slots [0, STREAM_SLOTS) go to streams; the rest, one each, to launches captured into graphs
+_stream_slots: dict = {}  # (device, raw stream handle) -> slot
 _captured_next: dict = {}  # device -> the next slot for a captured launch
 
 
+def _is_capturing(handle: int) -> bool:
+    """Whether the raw stream ``handle`` is capturing into a CUDA graph (CUDA Driver API ``cuStreamIsCapturing``,
+    asked of that stream itself, whatever device is current). An error (the legacy default stream while another
+    stream captures in global mode, where a launch fails anyway) counts as not capturing."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(driver.CUstream(handle))
+    return (
+        err == driver.CUresult.CUDA_SUCCESS and status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    )
+
+
 def sched_slot(dev: int, handle: int, capturing: bool | None = None) -> int:
-    """The scheduler slot of a ``Rung.sched_slot`` launch on device ``dev`` and raw stream ``handle``.
+    """The scheduler slot of a causal ``Rung.sched_slot`` launch on device ``dev`` and raw stream ``handle``.
 
     The kernel's counters of slot s are a module global that its launch's last CTA resets, so launches one after
     another on one stream can share a slot but launches that may overlap cannot: each stream gets its own slot
-    (the first ``STREAM_SLOTS``; once they are all taken, the slot of the stream that got one first is handed
-    on), and a launch captured into a CUDA graph (``capturing``; asked of torch when ``None``) a slot of its
-    own for good, since the graph may be replayed on any stream. ``RuntimeError`` once ``SCHED_SLOTS -
-    STREAM_SLOTS`` launches have been captured on the device."""
+    for good (``STREAM_SLOTS`` of them per device), and a launch captured into a CUDA graph (``capturing``; asked
+    of the stream when ``None``) a slot of its own for good, since the graph may be replayed on any stream.
+    ``RuntimeError`` when a device's ``STREAM_SLOTS`` streams or ``SCHED_SLOTS - STREAM_SLOTS`` captured launches
+    are used up (a slot is never handed on: its stream or graph may still be running)."""
     if capturing is None:
-        import torch
-
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = _is_capturing(handle)
     if capturing:
         with _lock:
             slot = _captured_next.get(dev, STREAM_SLOTS)
@@ -505,8 +515,11 @@ def sched_slot(dev: int, handle: int, capturing: bool | None = None) -> int:
         with _lock:
             slot = _stream_slots.get((dev, handle))
             if slot is None:
-                mine = [key for key in _stream_slots if key[0] == dev]
-                slot = len(mine) if len(mine) < STREAM_SLOTS else _stream_slots.pop(mine[0])
+                slot = sum(1 for key in _stream_slots if key[0] == dev)
+                if slot >= STREAM_SLOTS:
+                    raise RuntimeError(
+                        f"more than {STREAM_SLOTS} streams launched a scheduler-slot rung on device {dev}"
+                    )
                 _stream_slots[(dev, handle)] = slot
     return slot
 
@@ -558,15 +571,15 @@ class _Plan:
     arguments before O's address (``head``), between it and the LSE's (``middle``) and after it (``tail``;
     ``None`` for a kernel without the top rung's extra arguments, which takes no LSE). ``packed``: the same
     launch with the arguments packed once for ``cuLaunchKernel`` (:func:`attnclimb.runtime.packed.prepack`), or
-    ``None`` where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then). ``sched``: the
-    kernel's last argument is its scheduler slot (``Rung.sched_slot``; ``tail`` ends with a placeholder for it),
-    set per launch."""
+    ``None`` where it cannot be set up (:meth:`launch` through ``cuda.core.launch`` then). ``sched``: a causal
+    build whose last argument is its scheduler slot (``Rung.sched_slot``; ``tail`` ends with a placeholder for
+    it), set per launch; a non-causal build of such a rung never reads it and keeps the placeholder 0."""
 
     __slots__ = ("config", "grid", "head", "kernel", "lr", "middle", "packed", "sched", "tail")
 
     def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
         self.lr, self.grid, self.head, self.middle, self.tail = lr, grid, head, middle, tail
-        self.sched = tail is not None and lr.rung.sched_slot
+        self.sched = bool(tail is not None and lr.rung.sched_slot and lr.rung.extra_defines.get("CAUSAL"))
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
         o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
