@@ -577,9 +577,11 @@ class _Plan:
 
     __slots__ = ("config", "grid", "head", "kernel", "lr", "middle", "packed", "sched", "tail")
 
-    def __init__(self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None):
+    def __init__(
+        self, lr: LoadedRung, grid: tuple, head: tuple, middle: tuple, tail: tuple | None, sched: bool = False
+    ):
         self.lr, self.grid, self.head, self.middle, self.tail = lr, grid, head, middle, tail
-        self.sched = bool(tail is not None and lr.rung.sched_slot and lr.rung.extra_defines.get("CAUSAL"))
+        self.sched = bool(sched and tail is not None)
         self.config = _launch_config(grid, lr.block, lr.smem_bytes)
         self.kernel = lr.kernels["attn_fwd"]
         o, lse = len(head), (None if tail is None else len(head) + 1 + len(middle))
@@ -665,7 +667,8 @@ def _plan(rung: Rung, q, k, v, o, scale: float, causal: bool, lse) -> _Plan:
         i64 = np.int64
         ob, oh, os_, _ = o.stride()
         tail = (i64(ob), i64(oh), i64(os_)) + ((i32(0),) if rung.sched_slot else ())  # the slot: set per launch
-        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), tail)
+        sched = rung.sched_slot and causal  # a causal build of a Rung.sched_slot rung: its slot looked up per launch
+        return _Plan(lr, grid, maps, (*sizes, i32(h), i32(h // k.shape[1])), tail, sched)
     raise ValueError(f"unknown ABI {rung.abi!r} for {rung.key}")
 
 
