@@ -49,7 +49,7 @@
 # sanitizers and the causal-order A/B instead, and the bench waits for an H200. (2) on an H200, carry .peers/x2:
 # `bash $D peers-bench; timeout 240 bash $J sanitize fp16` (the bench with FA4, then the top rung's fp16 set under
 # the three tools, issue 13's "done when"; its feature set passed them on an H100 in the twenty-fourth session).
-# (3) no carry: `bash $J test causal_one_cta_per_tile; bash $D ab-causal-order` (~8 min: the new GPU test, then
+# (3) no carry: `bash $J test "one_cta_per_tile or test_variants_gpu"; bash $D ab-causal-order` (~9 min: the new GPU tests, then
 # snake, dynsched, hwsched at head_dim 64, 128, 256); (4) no carry: `bash $D ab-bshd views` (the BSHD views' cost,
 # twenty-third session); (5) whatever time is left: `bash $D sanitize-below`, `bash $D ab-bshd contiguous; bash $D
 # trace-d64`, the trace tests. Then `python scripts/after_device.py <files_at dirs>` and the ratio markers.
