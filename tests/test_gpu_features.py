@@ -172,6 +172,16 @@ def _randn_bf16(*shape, g):
     return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
 
 
+def randn_qkv(b, h, sq, sk, head_dim, g, h_kv=None):
+    """Fresh bf16 Q ``(b, h, sq, head_dim)``, K and V ``(b, h_kv or h, sk, head_dim)`` from generator ``g``."""
+    h_kv = h if h_kv is None else h_kv
+    return (
+        _randn_bf16(b, h, sq, head_dim, g=g),
+        _randn_bf16(b, h_kv, sk, head_dim, g=g),
+        _randn_bf16(b, h_kv, sk, head_dim, g=g),
+    )
+
+
 @pytest.mark.parametrize("head_dim", [64, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 1000, 1000), (1, 2, 129, 700), (1, 2, 1, 1), (2, 40, 300, 300)])
@@ -180,11 +190,7 @@ def test_head_dims_match_float64(head_dim, causal, shape):
     m64n64k16 / m64n256k16), with the LSE, against float64."""
     g = torch.Generator(device="cuda").manual_seed(head_dim + causal)
     b, h, sq, sk = shape
-    q, k, v = (
-        _randn_bf16(b, h, sq, head_dim, g=g),
-        _randn_bf16(b, h, sk, head_dim, g=g),
-        _randn_bf16(b, h, sk, head_dim, g=g),
-    )
+    q, k, v = randn_qkv(b, h, sq, sk, head_dim, g)
     sc = 1 / math.sqrt(head_dim)
     o, lse = run_features(q, k, v, scale=sc, causal=causal, with_lse=True)
     assert rel_l2(o, attention_exact(q, k, v, sc, causal=causal)) <= TOL
@@ -203,11 +209,7 @@ def test_causal_one_cta_per_tile(shape, head_dim):
     rung = dataclasses.replace(TOP, causal_per_tile=True)
     g = torch.Generator(device="cuda").manual_seed(head_dim + shape[2])
     b, h, sq, sk = shape
-    q, k, v = (
-        _randn_bf16(b, h, sq, head_dim, g=g),
-        _randn_bf16(b, h, sk, head_dim, g=g),
-        _randn_bf16(b, h, sk, head_dim, g=g),
-    )
+    q, k, v = randn_qkv(b, h, sq, sk, head_dim, g)
     sc = 1 / math.sqrt(head_dim)
     o, _ = run_features(q, k, v, scale=sc, causal=True, rung=rung)
     assert rel_l2(o, attention_exact(q, k, v, sc, causal=True)) <= TOL

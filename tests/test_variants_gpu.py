@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from scripts_loader import load_script
+from test_gpu_features import randn_qkv
 
 from attnclimb import rungs
 from attnclimb.reference import attention_exact, rel_l2
@@ -35,13 +36,7 @@ def variants(tmp_path_factory):
 
 
 def _inputs(b, h, sq, sk, head_dim, seed, h_kv=None):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h_kv = h if h_kv is None else h_kv
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
-
-    return randn(b, h, sq, head_dim), randn(b, h_kv, sk, head_dim), randn(b, h_kv, sk, head_dim)
+    return randn_qkv(b, h, sq, sk, head_dim, torch.Generator(device="cuda").manual_seed(seed), h_kv)
 
 
 def _check(o, q, k, v, what):
