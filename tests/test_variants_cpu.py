@@ -66,6 +66,25 @@ def test_generator_refuses_a_source_it_does_not_recognise():
         mod.nopp("// a kernel without turns\n")
 
 
+def _build(name: str):
+    """The top rung's build that the variant tests compile under ``name`` (each variant test names its own set)."""
+    long_kv = TOP.long_kv[0]
+    return {
+        "plain": TOP,
+        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=long_kv),
+        "long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=long_kv),
+        "causal": feature_variant(TOP, True, False, False),
+        "causal-short": feature_variant(TOP, True, False, False, seqlen_k=1024),
+        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
+        "head_dim-64": feature_variant(TOP, False, False, False, head_dim=64),
+        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
+        "head_dim-256-causal": feature_variant(TOP, True, False, False, head_dim=256),
+        "fp16": feature_variant(TOP, False, False, False, fp16=True),
+        "all-fp16": feature_variant(TOP, True, True, True, True, fp16=True),
+        "fp16-long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=long_kv, fp16=True),
+    }[name]
+
+
 def _inlined(d, name=TOP.source.name):
     """The variant ``name`` in folder ``d`` with its own headers inlined, each once, also where one includes another
     (the package's includes resolve in the kernels)."""
@@ -159,11 +178,7 @@ def test_top_rung_variants_build_without_spills(tmp_path, name, build):
     """Each of them compiles for sm_90a without spills where the top rung does; the hints show up in SASS as
     the policy operand of UTMALDG (``desc[UR..]``)."""
     _load().main(str(tmp_path))
-    r = {
-        "plain": TOP,
-        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
-        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / name, TOP.source.name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
@@ -221,13 +236,7 @@ def test_sleeptop_and_treetop_rewrite_the_top_rung(tmp_path):
 @pytest.mark.parametrize("build", ["plain", "long-kv", "head_dim-64-causal", "causal-gqa-lse-strided", "fp16"])
 def test_sleeptop_and_treetop_build_without_spills(tmp_path, name, build):
     _load().main(str(tmp_path))
-    r = {
-        "plain": TOP,
-        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
-        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
-        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
-        "fp16": feature_variant(TOP, False, False, False, fp16=True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / name, TOP.source.name))
     for res in c.resources:
         assert res.spill_bytes == 0 and res.stack_frame == 0, c.log
@@ -356,12 +365,7 @@ def test_headpairs_rewrites_the_pair_order_and_builds_without_spills(tmp_path, b
     src = (tmp_path / "headpairs" / TOP.source.name).read_text()
     assert "causal_order::head_pairs_then_tail(tile, gridDim.x, bh_count, num_m_blocks" in src
     assert "if (by_pairs) return static_cast<unsigned>(work);" in src and "if (by_pairs) return 2 * (c +" not in src
-    r = {
-        "plain": TOP,
-        "causal": feature_variant(TOP, True, False, False),
-        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
-        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / "headpairs", TOP.source.name))
     _no_spills(c)
     if build == "plain" and find_cuobjdump() is not None:
@@ -396,14 +400,7 @@ def test_l2pf_prefetches_the_kv_tiles_ahead_and_builds_without_spills(tmp_path, 
         and [a.replace("nb * BLOCK_N", "pf_row").replace("bh ", "bh_kv ").replace("bh,", "bh_kv,") for a in k_loads]
         == pf
     ), (k_loads, pf)
-    r = {
-        "plain": TOP,
-        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
-        "long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0]),
-        "causal-gqa-lse-strided": feature_variant(TOP, True, True, True, True),
-        "head_dim-64": feature_variant(TOP, False, False, False, head_dim=64),
-        "fp16-long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0], fp16=True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / "l2pf", TOP.source.name))
     _no_spills(c)
     if find_cuobjdump() is not None:
@@ -455,13 +452,7 @@ def test_hgroup_rewrites_the_non_causal_order_and_builds_without_spills(tmp_path
     src = (tmp_path / "hgroup" / TOP.source.name).read_text()
     assert src.count("head_group::tile_of(tile, num_tiles / num_m_blocks, num_m_blocks, HEAD_GROUP)") == 1
     assert "w.m_start = (tile % num_m_blocks) * BLOCK_M;" not in src
-    r = {
-        "plain": TOP,
-        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
-        "long-kv-strided": feature_variant(TOP, False, False, False, True, seqlen_k=TOP.long_kv[0]),
-        "head_dim-64": feature_variant(TOP, False, False, False, head_dim=64),
-        "causal": feature_variant(TOP, True, False, False),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / "hgroup", TOP.source.name))
     _no_spills(c)
     if find_cuobjdump() is not None:
@@ -526,15 +517,7 @@ def test_dynsched_rewrites_the_causal_schedule_and_builds_without_spills(tmp_pat
     assert src.count("int sched_slot)") == 1  # the kernel's last argument (Rung.sched_slot)
     assert src.count("sched_work = ") == 2 and "if (work < 0) break;" in src
     assert "if (wg == 0) hop::named_bar_sync(my_turn, TURN_THREADS);" in src and "by_pairs" not in src
-    r = {
-        "plain": TOP,
-        "long-kv": feature_variant(TOP, False, False, False, seqlen_k=TOP.long_kv[0]),
-        "causal": feature_variant(TOP, True, False, False),
-        "causal-short": feature_variant(TOP, True, False, False, seqlen_k=1024),
-        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
-        "head_dim-256-causal": feature_variant(TOP, True, False, False, head_dim=256),
-        "all-fp16": feature_variant(TOP, True, True, True, True, fp16=True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / "dynsched", TOP.source.name))
     _no_spills(c)
     if find_cuobjdump() is not None:
@@ -562,13 +545,7 @@ def test_hwsched_is_dynscheds_order_without_the_counter(tmp_path, build):
     )
     assert all(line in known for line in src.splitlines())
     assert src.count("work += gridDim.x") == TOP.source.read_text().count("work += gridDim.x") == 2
-    r = {
-        "plain": TOP,
-        "causal": feature_variant(TOP, True, False, False),
-        "head_dim-64-causal": feature_variant(TOP, True, False, False, head_dim=64),
-        "head_dim-256-causal": feature_variant(TOP, True, False, False, head_dim=256),
-        "all-fp16": feature_variant(TOP, True, True, True, True, fp16=True),
-    }[build]
+    r = _build(build)
     c = compile_source(r, _inlined(tmp_path / "hwsched", TOP.source.name))
     _no_spills(c)
     if find_cuobjdump() is not None:
