@@ -36,6 +36,7 @@ Prints one row per shape. Rows of the bench's causal shapes (head_dim 64, 128 an
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import math
 
@@ -222,18 +223,26 @@ SHAPES = [  # (label, batch·heads, seqlen, head_dim, BLOCK_M, BLOCK_N): the top
 ]
 
 
+def _shape(heads: int, s: int, d: int, bm: int, bn: int, overhead: float, sms: int) -> tuple:
+    """``(nmb, grid, cost, pairs, kernel_loads)`` of one shape: its m-blocks per head, the persistent grid, a work
+    tile's cost ``cost(mb, extra=0.0)`` (``extra`` more K/V tiles per tile), whether the kernel orders by pairs of
+    heads, and each CTA's load in the kernel's order."""
+    nmb = math.ceil(s / bm)
+    grid = min(sms, heads * nmb)
+
+    def cost(mb, extra=0.0):
+        return tile_cost(mb, bm, bn, s, overhead + extra)
+
+    pairs = by_pairs(heads, nmb, s, d, bm, grid, L2_BYTES)
+    return nmb, grid, cost, pairs, static_loads(kernel_order(heads, nmb, pairs, grid), grid, cost)
+
+
 def rows(overhead: float = 1.0, shapes=SHAPES, sms: int = SMS) -> list:
     """``(label, pairs, kernel, snake, dynamic, pairs_then_snake, headpairs)`` evenness per shape."""
     out = []
     for label, heads, s, d, bm, bn in shapes:
-        nmb = math.ceil(s / bm)
-        grid = min(sms, heads * nmb)
-
-        def cost(mb, bm=bm, bn=bn, s=s):
-            return tile_cost(mb, bm, bn, s, overhead)
-
-        pairs = by_pairs(heads, nmb, s, d, bm, grid, L2_BYTES)
-        kernel = evenness(static_loads(kernel_order(heads, nmb, pairs, grid), grid, cost))
+        nmb, grid, cost, pairs, kernel_loads = _shape(heads, s, d, bm, bn, overhead, sms)
+        kernel = evenness(kernel_loads)
         snake = evenness(static_loads(kernel_order(heads, nmb, False, grid), grid, cost))
         dynamic = evenness(dynamic_loads(heads, nmb, d, s, grid, cost, L2_BYTES))
         tail = evenness(static_loads(pairs_then_snake(heads, nmb, grid), grid, cost))
@@ -250,17 +259,11 @@ def per_tile_speedups(fills=(0.5, 1.0, 2.0), overhead: float = 1.0, shapes=SHAPE
     ``fill`` more K/V tiles (``hwsched``: one CTA per tile, whose Q and first K/V loads nothing overlaps)."""
     out = []
     for label, heads, s, d, bm, bn in shapes:
-        nmb = math.ceil(s / bm)
-        grid = min(sms, heads * nmb)
-
-        def cost(mb, bm=bm, bn=bn, s=s, extra=0.0):
-            return tile_cost(mb, bm, bn, s, overhead + extra)
-
-        pairs = by_pairs(heads, nmb, s, d, bm, grid, L2_BYTES)
-        kernel = max(static_loads(kernel_order(heads, nmb, pairs, grid), grid, cost))
+        nmb, grid, cost, _, kernel_loads = _shape(heads, s, d, bm, bn, overhead, sms)
+        kernel = max(kernel_loads)
         dyn = max(dynamic_loads(heads, nmb, d, s, grid, cost, L2_BYTES))
         hw = [
-            kernel / max(dynamic_loads(heads, nmb, d, s, grid, lambda mb, f=f: cost(mb, extra=f), L2_BYTES)) - 1
+            kernel / max(dynamic_loads(heads, nmb, d, s, grid, functools.partial(cost, extra=f), L2_BYTES)) - 1
             for f in fills
         ]
         out.append((label, kernel / dyn - 1, hw))
